@@ -1,0 +1,26 @@
+"""lazy: a lazy-tensor runtime for PyTorch.
+
+Tensors on the ``lazy`` device record every ATen op into an IR graph instead of running it; sync points
+(``lazy.mark_step()``, ``.cpu()``, ``.item()``, print, bool) hash the graph, look it up in a cache, compile it on
+a miss, and run it on the backing device.
+"""
+from __future__ import annotations
+
+from .config import config
+from .debug import metrics
+from .device import factories as _factories
+from .device.tensor import LAZY_DEVICE, LazyTensor
+from .sync import mark_step, sync_tensors, wait_device_ops
+
+_factories.register()
+
+__version__ = "0.1.0"
+device = LAZY_DEVICE
+
+__all__ = ["LAZY_DEVICE", "LazyTensor", "config", "device", "mark_step", "metrics", "sync_tensors",
+           "wait_device_ops", "is_lazy"]
+
+
+def is_lazy(t: object) -> bool:
+    """True if ``t`` is a tensor on the lazy device."""
+    return isinstance(t, LazyTensor)

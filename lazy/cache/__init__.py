@@ -1,0 +1,1 @@
+"""Caches of compiled graphs."""

@@ -1,0 +1,72 @@
+"""Every knob of lazy, declared once: name, default, environment variable, help.
+
+Read a knob as ``lazy.config.<name>``; override it for a block with ``with lazy.config.override(name=value):``.
+Environment variables are read once, when this module is imported.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    default: Any
+    env: str
+    help: str
+    parse: Callable[[str], Any] = str
+
+
+def _bool(text: str) -> bool:
+    return text.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+KNOBS = (
+    Knob("backing_device", "cpu", "LAZY_BACKING_DEVICE",
+         "Device that runs compiled graphs and holds synced data: 'cpu' or 'cuda[:N]'."),
+    Knob("debug", 0, "LAZY_DEBUG", "Logging level 0..4: 1 syncs, 2 compiles, 3 graph details, 4 every traced op.",
+         int),
+    Knob("dump_dir", "", "LAZY_DUMP_DIR", "If set, write the IR of every compiled graph into this directory."),
+    Knob("graph_cache_size", 1024, "LAZY_GRAPH_CACHE_SIZE", "Entries of the in-memory graph cache (LRU).", int),
+    Knob("strict", False, "LAZY_STRICT",
+         "Raise on every implicit sync (.item(), .cpu(), print, bool, data-dependent ops) instead of syncing.", _bool),
+    Knob("warn_fallback", True, "LAZY_WARN_FALLBACK",
+         "Warn once per op that cannot be recorded and runs eagerly on the backing device.", _bool),
+)
+
+
+class _Config:
+    """Attribute access to the knobs; values come from the environment or the defaults."""
+
+    def __init__(self) -> None:
+        for knob in KNOBS:
+            raw = os.environ.get(knob.env)
+            object.__setattr__(self, knob.name, knob.default if raw is None else knob.parse(raw))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in _NAMES:
+            raise AttributeError(f"lazy.config has no knob {name!r}; knobs: {sorted(_NAMES)}")
+        object.__setattr__(self, name, value)
+
+    @contextlib.contextmanager
+    def override(self, **values: Any) -> Iterator[None]:
+        """Temporarily set knobs: ``with lazy.config.override(strict=True): ...``."""
+        old = {name: getattr(self, name) for name in values}
+        try:
+            for name, value in values.items():
+                setattr(self, name, value)
+            yield
+        finally:
+            for name, value in old.items():
+                object.__setattr__(self, name, value)
+
+    def describe(self) -> str:
+        """One line per knob: name, current value, env var and help."""
+        return "\n".join(f"{k.name} = {getattr(self, k.name)!r}  [{k.env}]  {k.help}" for k in KNOBS)
+
+
+_NAMES = frozenset(k.name for k in KNOBS)
+config = _Config()

@@ -1,0 +1,31 @@
+"""The LAZY_DEBUG logging ladder: 1 syncs, 2 compiles and cache misses, 3 graph text, 4 every traced op."""
+from __future__ import annotations
+
+import os
+import sys
+
+from ..config import config
+
+
+def enabled(level: int) -> bool:
+    return config.debug >= level
+
+
+def log(level: int, message: str) -> None:
+    if config.debug >= level:
+        print(f"[lazy:{level}] {message}", file=sys.stderr)
+
+
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TORCH = os.path.dirname(os.path.abspath(__import__("torch").__file__))
+
+
+def user_frame() -> str:
+    """``file:line (function)`` of the first caller outside lazy/ and torch/: where the user caused this."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not (path.startswith(_HERE) or path.startswith(_TORCH) or "<frozen" in path):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno} ({frame.f_code.co_name})"
+        frame = frame.f_back
+    return "<unknown>"

@@ -1,0 +1,50 @@
+"""Counters and timings of everything lazy does: traced ops, syncs by cause, cache hits, compiles, fallbacks.
+
+The hot path (one recorded op) bumps a plain module-level int; everything else goes through ``bump``.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Dict
+
+_counts: Dict[str, float] = collections.defaultdict(float)
+traced_ops = 0  # bumped directly by the recorder: a global int is the cheapest counter Python has
+
+
+def bump(name: str, amount: float = 1) -> None:
+    _counts[name] += amount
+
+
+def counters() -> Dict[str, float]:
+    """A snapshot of every counter: ``traced_ops``, ``sync.<cause>``, ``graph_cache.hit``/``miss``, ``compiles``,
+    ``compile_time_s``, ``executed_graphs``, ``executed_nodes``, ``fallback.<op>``, ``bytes_to_device``,
+    ``bytes_from_device``, ... Counters never bumped are absent (read them with ``.get(name, 0)``)."""
+    snap = {k: (int(v) if float(v).is_integer() else v) for k, v in _counts.items() if v}
+    if traced_ops:
+        snap["traced_ops"] = traced_ops
+    return dict(sorted(snap.items()))
+
+
+def counter(name: str) -> float:
+    """The value of one counter, 0 if never bumped."""
+    return counters().get(name, 0)
+
+
+def reset() -> None:
+    """Zero every counter."""
+    global traced_ops
+    _counts.clear()
+    traced_ops = 0
+
+
+def report() -> str:
+    """The counters as readable text, grouped by prefix."""
+    snap = counters()
+    if not snap:
+        return "lazy metrics: nothing recorded yet"
+    width = max(len(k) for k in snap)
+    lines = ["lazy metrics:"]
+    for key, value in snap.items():
+        shown = f"{value:.4f}" if isinstance(value, float) else str(value)
+        lines.append(f"  {key.ljust(width)}  {shown}")
+    return "\n".join(lines)

@@ -1,0 +1,181 @@
+"""The lazy tensor: a wrapper subclass on PyTorch's own ``lazy`` device that holds IR, not data.
+
+Note [Storages and views]
+Eager tensors alias through storages; lazy tensors do too, functionally. A ``Storage`` holds the current IR
+value of its *base* (the tensor that created it) and a version. A view holds the same Storage plus the chain of
+view steps from the base to itself, and caches its value per storage version. An in-place update of any
+tensor computes its new value functionally, then writes it back: on a base it replaces the storage value; on
+a view it is scattered into the base through the chain (each step's reverse, or one layout-aware
+``as_strided_scatter`` when a step has none). The version bump makes every other view of the storage
+re-derive its value, which is how a view and its base see each other's updates. The IR stays a pure
+dataflow graph (Note [IR values are logical]).
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Optional, Tuple
+
+import torch
+
+from ..ir.node import Node
+
+LAZY_DEVICE = torch.device("lazy", 0)
+
+# (shape, stride, storage_offset, dtype): everything the shape memo needs to know about a tensor argument.
+Desc = Tuple[tuple, tuple, int, torch.dtype]
+
+
+class Storage:
+    """The functional stand-in for a storage: the current value of its base tensor (Note [Storages and views])."""
+
+    __slots__ = ("value", "version", "shape", "stride", "numel", "__weakref__")
+
+    def __init__(self, value: Node, shape: tuple, stride: tuple, numel: int) -> None:
+        self.value = value
+        self.version = 0
+        self.shape = shape
+        self.stride = stride
+        self.numel = numel
+        _LIVE.add(self)
+
+
+# Every storage alive: mark_step syncs those whose value is not data yet. Storages, not tensors, are tracked,
+# because swap_tensors (Module.to) refuses tensors that have weak references.
+_LIVE: "weakref.WeakSet[Storage]" = weakref.WeakSet()
+
+
+class LazyTensor(torch.Tensor):
+    """A tensor on the ``lazy`` device. Ops on it are recorded (trace/record.py), never run, until a sync."""
+
+    # Skip the Python-level __torch_function__ of torch.Tensor: ops go straight to __torch_dispatch__.
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    _lz_st: Storage
+    _lz_chain: Optional[tuple]
+    _lz_cache: Optional[Tuple[int, Node]]
+    _lz_desc: Desc
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+        from ..trace.record import dispatch
+        return dispatch(func, args, kwargs or {})
+
+    # Traceable-subclass protocol: makes Module._apply swap parameters in place (torch.utils.swap_tensors),
+    # which keeps parameter identity and weight tying across model.to("lazy").
+    def __tensor_flatten__(self) -> Tuple[list, Any]:
+        return [], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner: Any, ctx: Any, outer_size: Any, outer_stride: Any) -> "LazyTensor":
+        raise RuntimeError("lazy tensors cannot be rebuilt from flattened parts (torch.compile over lazy "
+                           "tensors is not supported; use @lazy.compile)")
+
+    # ---- syncs with a named cause (see sync/) ----
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # noqa: D105
+        from ..sync import materialize
+        cpu = materialize(self, "print")
+        contents = torch._tensor_str._tensor_str(cpu.detach(), len("tensor("))
+        text = torch._tensor_str._str(self, tensor_contents=contents)
+        text = "tensor(" + text[len(type(self).__name__) + 1:] if text.startswith(type(self).__name__) else text
+        return "Parameter containing:\n" + text if getattr(self, "_is_param", False) else text
+
+    def __format__(self, spec: str) -> str:
+        if self.dim() == 0:
+            return self.item().__format__(spec)
+        return object.__format__(self, spec)
+
+    def __bool__(self) -> bool:
+        from ..sync import materialize
+        return bool(materialize(self, "bool"))
+
+    def item(self) -> Any:
+        from ..sync import materialize
+        return materialize(self, "item").item()
+
+    def tolist(self) -> Any:
+        from ..sync import materialize
+        return materialize(self, "tolist").tolist()
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __index__(self) -> int:
+        from ..sync import materialize
+        return materialize(self, "item").__index__()
+
+    def numpy(self, *, force: bool = False) -> Any:
+        raise TypeError("can't convert lazy:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
+                        "to host memory first.")
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        # torch.save / pickle store lazy tensors as plain CPU tensors, loadable without importing lazy.
+        from ..sync import materialize
+        cpu = materialize(self, "save").detach()
+        cpu.requires_grad_(self.requires_grad)
+        if getattr(self, "_is_param", False):
+            cpu = torch.nn.Parameter(cpu, requires_grad=self.requires_grad)
+        return cpu.__reduce_ex__(protocol)
+
+    @property
+    def data(self) -> "LazyTensor":
+        return torch._C.TensorBase.data.__get__(self)
+
+    @data.setter
+    def data(self, new: torch.Tensor) -> None:
+        if not isinstance(new, LazyTensor):
+            raise RuntimeError(f"lazy: cannot assign a {new.device} tensor to .data of a lazy tensor; move it "
+                               "with .to('lazy') first")
+        torch._C.TensorBase.data.__set__(self, new)
+        adopt(self, new)
+
+
+_make = torch.Tensor._make_wrapper_subclass
+
+
+def wrap(desc: Desc, storage: Storage, chain: Optional[tuple] = None, cache: Optional[Tuple[int, Node]] = None
+         ) -> LazyTensor:
+    """A new LazyTensor with metadata ``desc`` over ``storage`` (a view when ``chain`` is given)."""
+    shape, stride, offset, dtype = desc
+    t = _make(LazyTensor, shape, stride, offset, None, dtype, torch.strided, LAZY_DEVICE)
+    t._lz_desc = desc
+    t._lz_st = storage
+    t._lz_chain = chain
+    t._lz_cache = cache
+    return t
+
+
+def new_tensor(desc: Desc, value: Node, numel: int) -> LazyTensor:
+    """A new base tensor (owning a new storage) whose value is ``value``."""
+    return wrap(desc, Storage(value, desc[0], desc[1], numel))
+
+
+def adopt(dst: LazyTensor, src: LazyTensor) -> None:
+    """Make ``dst`` (whose TensorImpl metadata already equals ``src``'s) alias ``src``'s storage."""
+    dst._lz_desc = src._lz_desc
+    dst._lz_st = src._lz_st
+    dst._lz_chain = src._lz_chain
+    dst._lz_cache = src._lz_cache
+
+
+def storage_numel(shape: tuple, stride: tuple, offset: int = 0) -> int:
+    """Elements a storage needs to hold a tensor of this shape and stride at this offset."""
+    if any(s == 0 for s in shape):
+        return offset
+    return offset + 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+
+
+def contiguous_stride(shape: tuple) -> tuple:
+    stride = []
+    acc = 1
+    for n in reversed(shape):
+        stride.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(stride))
+
+
+def live_storages() -> list:
+    """Every live storage (see _LIVE)."""
+    return list(_LIVE)

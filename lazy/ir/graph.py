@@ -1,0 +1,104 @@
+"""Walks over the IR: the topological order of a graph and its structural cache key.
+
+Note [Graph key]
+The key of a graph is the tuple, in topological order, of each node's hash followed by the positions of its
+inputs, then the positions of the outputs. Node hashes cover structure, shapes and dtypes but not data, so two
+steps with fresh data and new runtime scalars get equal keys; positions encode sharing and leaf numbering by
+first use, so ``x + x`` and ``x + y`` (or a shared and a duplicated subexpression) get different keys. The tuple
+itself is the dict key: Python compares it element-wise on a hit, so a hash collision can never return the
+wrong graph.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+import torch
+
+from .node import DATA, Node
+
+
+class Linearized:
+    """A graph cut at a sync point: its nodes in order, its key, and the runtime inputs of this instance."""
+
+    __slots__ = ("order", "positions", "outputs", "key", "leaves", "scalars")
+
+    def __init__(self, order: List[Node], positions: Dict[int, int], outputs: List[int], key: tuple,
+                 leaves: List[torch.Tensor], scalars: list) -> None:
+        self.order = order
+        self.positions = positions
+        self.outputs = outputs
+        self.key = key
+        self.leaves = leaves
+        self.scalars = scalars
+
+
+def linearize(roots: Sequence[Node]) -> Linearized:
+    """Topologically sort the graph of ``roots`` (inputs first, leaves numbered by first use) in one pass."""
+    pos: Dict[int, int] = {}
+    order: List[Node] = []
+    enc: list = []
+    leaves: List[torch.Tensor] = []
+    scalars: list = []
+    for root in roots:
+        if id(root) in pos:
+            continue
+        stack = [root]
+        while stack:
+            node = stack[-1]
+            if id(node) in pos:
+                stack.pop()
+                continue
+            pending = [i for i in node.inputs if id(i) not in pos]
+            if pending:
+                stack.extend(reversed(pending))
+                continue
+            stack.pop()
+            pos[id(node)] = len(order)
+            order.append(node)
+            enc.append(node.hash)
+            if node.op is DATA:
+                leaves.append(node.data)
+            else:
+                enc.extend([pos[id(i)] for i in node.inputs])
+                if node.scalars:
+                    scalars.extend(node.scalars)
+    outputs = [pos[id(r)] for r in roots]
+    enc.append(None)  # separates the body from the outputs
+    enc.extend(outputs)
+    return Linearized(order, pos, outputs, tuple(enc), leaves, scalars)
+
+
+def format_graph(order: Sequence[Node], outputs: Sequence[int] = ()) -> str:
+    """The graph as text, one node per line: ``%3 = aten.add.Tensor(%1, %2, Scalar[float]) : f32[4, 4]``."""
+    pos = {id(n): i for i, n in enumerate(order)}
+    lines = []
+    for i, node in enumerate(order):
+        ins = iter(f"%{pos[id(x)]}" for x in node.inputs)
+        args = _format_template(node.args, ins)
+        kwargs = ", ".join(f"{k}={_format_template(v, ins)}" for k, v in node.kwargs)
+        ty = f"{_short_dtype(node.dtype)}{list(node.shape)}" if node.shape is not None else "tuple"
+        if node.op is DATA:
+            lines.append(f"%{i} = data() : {ty}")
+        else:
+            lines.append(f"%{i} = {node.op}({args}{', ' if kwargs else ''}{kwargs}) : {ty}")
+    if outputs:
+        lines.append("return " + ", ".join(f"%{o}" for o in outputs))
+    return "\n".join(lines)
+
+
+def _format_template(value, inputs) -> str:
+    from .node import TENSOR
+    if value is TENSOR:
+        return next(inputs)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_format_template(v, inputs) for v in value) + "]"
+    return repr(value)
+
+
+def _short_dtype(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def graph_summary(lin: Linearized) -> Tuple[int, int]:
+    """(nodes, data leaves) of a linearized graph."""
+    return len(lin.order), len(lin.leaves)

@@ -1,0 +1,98 @@
+"""The IR's internal ops: what ATen has no single op for (layout-aware as_strided, seeded randomness, running
+a mutating op on copies). Each is an ``Op`` with a name and an eager implementation the executor calls."""
+from __future__ import annotations
+
+from typing import Any, Dict, Sequence
+
+import torch
+
+from .node import Op
+
+
+def _storage_of(base: torch.Tensor, base_stride: Sequence[int], numel: int) -> torch.Tensor:
+    """A flat buffer laid out like the lazy storage ``base`` lives in (Note [IR values are logical])."""
+    flat = torch.empty(numel, dtype=base.dtype, device=base.device)
+    flat.as_strided(base.shape, base_stride, 0).copy_(base)
+    return flat
+
+
+def _as_strided(base: torch.Tensor, size: Sequence[int], stride: Sequence[int], offset: int,
+                base_stride: Sequence[int], numel: int) -> torch.Tensor:
+    return _storage_of(base, base_stride, numel).as_strided(size, stride, offset).clone()
+
+
+def _as_strided_scatter(base: torch.Tensor, src: torch.Tensor, size: Sequence[int], stride: Sequence[int],
+                        offset: int, base_stride: Sequence[int], numel: int) -> torch.Tensor:
+    flat = _storage_of(base, base_stride, numel)
+    view = flat.as_strided(size, stride, offset)
+    if 0 in view.stride() and view.numel() > 1:
+        # An overlapping view (expand, stride 0): any one of the aliased writes may win, as in eager.
+        index = torch.arange(numel, device=flat.device).as_strided(size, stride, offset)
+        flat.index_put_((index.reshape(-1),), src.expand(size).reshape(-1))
+    else:
+        view.copy_(src)
+    return flat.as_strided(base.shape, base_stride, 0).clone()
+
+
+# as_strided over the storage of a lazy tensor whose base has strides `base_stride` in `numel` elements.
+AS_STRIDED = Op("as_strided_layout", _as_strided)
+AS_STRIDED_SCATTER = Op("as_strided_scatter_layout", _as_strided_scatter)
+
+_FUNCTIONALIZED: Dict[Any, Op] = {}
+
+
+def functionalized(op: Any, mutated: Sequence[int], out_names: Sequence[str], plain_returns: Sequence[int]) -> Op:
+    """``op`` (which mutates arguments) as a pure function: it runs on copies of the mutated arguments and
+    returns its non-aliased returns followed by the new values of the mutated arguments (or the out= tensors)."""
+    key = (op, tuple(mutated), tuple(out_names))
+    if key in _FUNCTIONALIZED:
+        return _FUNCTIONALIZED[key]
+    mutated = tuple(mutated)
+    out_names = tuple(out_names)
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        args = list(args)
+        for i in mutated:
+            if i < len(args):
+                args[i] = _clone(args[i])
+            else:
+                name = op._schema.arguments[i].name
+                kwargs[name] = _clone(kwargs.get(name))
+        for name in out_names:
+            kwargs[name] = _clone(kwargs[name])
+        result = op(*args, **kwargs)
+        result = result if isinstance(result, tuple) else (result,)
+        news = [args[i] if i < len(args) else kwargs[op._schema.arguments[i].name] for i in mutated]
+        news += [kwargs[name] for name in out_names]
+        return tuple(result[i] for i in plain_returns) + tuple(news)
+
+    fn = _FUNCTIONALIZED[key] = Op(f"functionalized[{op}]", run)
+    return fn
+
+
+def _clone(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (list, tuple)):
+        return [_clone(v) for v in value]
+    return value
+
+
+_SEEDED: Dict[Any, Op] = {}
+
+
+def seeded(op: Any) -> Op:
+    """A random op that takes no generator, run under the backing device's RNG seeded with the last argument."""
+    if op in _SEEDED:
+        return _SEEDED[op]
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        *args, seed = args
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+        devices = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
+            torch.manual_seed(seed)
+            return op(*args, **kwargs)
+
+    fn = _SEEDED[op] = Op(f"seeded[{op}]", run)
+    return fn

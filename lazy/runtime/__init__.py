@@ -1,0 +1,1 @@
+"""Running compiled graphs on the backing device."""

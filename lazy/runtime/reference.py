@@ -1,0 +1,112 @@
+"""The reference executor: a compiled graph that runs every node through ATen on the backing device.
+
+It is the oracle the compiler is tested against and its fallback, so it stays exact and simple. A ``Program``
+holds no IR node and no data: only instructions over positions, so the graph cache can keep it while the
+graph it came from is freed, and run it again on the leaves and runtime scalars of a later, equal graph.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Sequence
+
+import torch
+
+from ..debug import metrics
+from ..ir.graph import Linearized, format_graph
+from ..ir.node import DATA, DEVICE, GENERATOR, GETITEM, TENSOR, _Marker
+
+aten = torch.ops.aten
+
+
+def _reshape_view(x: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+    # NOTE: IR values are logical (Note [IR values are logical]); the physical layout of an intermediate may not
+    # allow a true view, and reshape gives the same contents.
+    return x.reshape(size)
+
+
+def _dtype_view(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x.contiguous().view(dtype)
+
+
+# Ops whose ATen kernel depends on the physical layout of its input: run a layout-independent equivalent.
+EXEC_OVERRIDES: Dict[Any, Callable[..., Any]] = {
+    aten.view.default: _reshape_view,
+    aten._unsafe_view.default: _reshape_view,
+    aten.view.dtype: _dtype_view,
+}
+
+
+def _fill(value: Any, inputs: Any, scalars: Any, device: torch.device) -> Any:
+    if value is TENSOR:
+        return next(inputs)
+    if type(value) is _Marker:
+        if value is DEVICE:
+            return device
+        if value is GENERATOR:
+            gen = torch.Generator(device=device)
+            gen.manual_seed(next(scalars))
+            return gen
+        return next(scalars)
+    if type(value) is tuple:
+        return [_fill(v, inputs, scalars, device) for v in value]
+    return value
+
+
+class Program:
+    """Instructions over a table of values: data leaves, then one ATen call per node, then the outputs."""
+
+    backend = "reference"
+
+    def __init__(self, lin: Linearized, device: torch.device) -> None:
+        self.device = device
+        self.outputs = list(lin.outputs)
+        self.num_values = len(lin.order)
+        self.source = format_graph(lin.order, lin.outputs)
+        last_use: Dict[int, int] = {}
+        for p, node in enumerate(lin.order):
+            for i in node.inputs:
+                last_use[lin.positions[id(i)]] = p
+        keep = set(self.outputs)
+        frees: Dict[int, List[int]] = {}
+        for value, p in last_use.items():
+            if value not in keep:
+                frees.setdefault(p, []).append(value)
+        self.leaf_positions: List[int] = []
+        self.instrs: list = []
+        scalar_at = 0
+        for p, node in enumerate(lin.order):
+            if node.op is DATA:
+                self.leaf_positions.append(p)
+                continue
+            ins = tuple(lin.positions[id(i)] for i in node.inputs)
+            n = len(node.scalars)
+            if node.op is GETITEM:
+                self.instrs.append((p, None, node.args[0], ins, 0, 0, (), frees.get(p, ())))
+                continue
+            fn = EXEC_OVERRIDES.get(node.op, node.op)
+            self.instrs.append((p, fn, node.args, ins, scalar_at, n, node.kwargs, frees.get(p, ())))
+            scalar_at += n
+        self.num_nodes = len(self.instrs)
+
+    def run(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any]) -> List[torch.Tensor]:
+        values: List[Any] = [None] * self.num_values
+        for p, leaf in zip(self.leaf_positions, leaves):
+            values[p] = leaf
+        device = self.device
+        for p, fn, args, ins, s0, ns, kwargs, frees in self.instrs:
+            if fn is None:  # getitem
+                values[p] = values[ins[0]][args]
+            else:
+                it = iter([values[i] for i in ins])
+                sc = iter(scalars[s0:s0 + ns])
+                a = _fill(args, it, sc, device)
+                kw = {k: _fill(v, it, sc, device) for k, v in kwargs}
+                values[p] = fn(*a, **kw)
+            for f in frees:
+                values[f] = None
+        metrics.bump("executed_graphs")
+        metrics.bump("executed_nodes", self.num_nodes)
+        return [values[o] for o in self.outputs]
+
+
+def compile_reference(lin: Linearized, device: torch.device) -> Program:
+    return Program(lin, device)

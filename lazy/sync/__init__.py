@@ -1,0 +1,115 @@
+"""Sync points: where recorded IR is cut into a graph, looked up in the cache (compiled on a miss) and run.
+
+``mark_step`` syncs every live storage with pending IR into one graph; a single tensor's sync (``.cpu()``,
+``.item()``, print, bool, a data-dependent op) computes only what that tensor needs, and keeps every live
+value the graph computed on the way, so nothing is computed twice. Each sync is counted by cause and logged
+with the user's source line (``lazy.explain()`` lists them).
+"""
+from __future__ import annotations
+
+import collections
+from typing import Any, Iterable, List, Sequence
+
+import torch
+
+from ..cache import graph_cache
+from ..config import config
+from ..debug import metrics
+from ..debug.log import log, user_frame
+from ..device.tensor import LazyTensor, Storage, live_storages
+from ..ir.graph import linearize
+from ..ir.node import DATA, Node, data_leaf
+from ..runtime.reference import compile_reference
+from ..trace.views import value
+
+graph_cache.set_compiler(compile_reference)
+
+# Recent syncs, newest last: (cause, source line, nodes, cache hit) for lazy.explain().
+SYNC_LOG: "collections.deque[tuple]" = collections.deque(maxlen=1000)
+
+
+class ImplicitSyncError(RuntimeError):
+    """Raised in strict mode (lazy.config.strict) by any sync other than mark_step."""
+
+
+def backing_device() -> torch.device:
+    """The device that runs graphs and holds synced data."""
+    return torch.device(config.backing_device)
+
+
+def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -> List[torch.Tensor]:
+    """Compute ``roots`` and the values of ``storages`` in one graph; every live storage whose value the graph
+    computes gets it as data. Returns the data of ``roots``."""
+    where = user_frame()
+    if config.strict and cause != "mark_step":
+        raise ImplicitSyncError(f"lazy strict mode: implicit sync ({cause}) at {where}; call lazy.mark_step() or "
+                                "move the value to the cpu explicitly outside the step")
+    metrics.bump(f"sync.{cause}")
+    pending = [st for st in storages if st.value.op is not DATA]
+    if all(r.op is DATA for r in roots) and not pending:
+        SYNC_LOG.append((cause, where, 0, None))
+        return [r.data for r in roots]
+    lin = linearize(list(roots) + [st.value for st in pending])
+    chosen = set(map(id, pending))
+    for st in live_storages():
+        if id(st) not in chosen and st.value.op is not DATA and id(st.value) in lin.positions:
+            pending.append(st)
+            lin.outputs.append(lin.positions[id(st.value)])
+    if len(lin.outputs) != len(roots) + len(chosen):
+        lin.key = lin.key + tuple(lin.outputs[len(roots) + len(chosen):])
+    device = backing_device()
+    program, hit = graph_cache.lookup(lin, device)
+    outs = program.run(lin.leaves, lin.scalars)
+    for st, out in zip(pending, outs[len(roots):]):
+        st.value = data_leaf(out)
+        st.version += 1
+    SYNC_LOG.append((cause, where, len(lin.order), hit))
+    log(1, f"sync ({cause}) at {where}: {len(lin.order)} nodes, {'cache hit' if hit else 'compiled'}")
+    return outs[:len(roots)]
+
+
+def data_of(t: LazyTensor, cause: str) -> torch.Tensor:
+    """The value of ``t`` as a tensor on the backing device (logical contents; layout not guaranteed)."""
+    st = t._lz_st
+    if t._lz_chain is None:
+        return sync_nodes((st.value,), (st,), cause)[0] if st.value.op is not DATA else _count(st.value, cause)
+    return sync_nodes((value(t),), (st,), cause)[0]
+
+
+def _count(node: Node, cause: str) -> torch.Tensor:
+    metrics.bump(f"sync.{cause}")
+    return node.data
+
+
+def materialize(t: LazyTensor, cause: str) -> torch.Tensor:
+    """``t`` as a new CPU tensor with ``t``'s strides (what ``.cpu()`` returns)."""
+    data = data_of(t, cause)
+    shape, stride, _, dtype = t._lz_desc
+    out = torch.empty_strided(shape, stride, dtype=dtype, device="cpu")
+    out.copy_(data)
+    metrics.bump("bytes_from_device", out.numel() * out.element_size())
+    return out
+
+
+def mark_step() -> None:
+    """End of a step: compute every live lazy tensor with pending IR in one graph and replace its IR by data,
+    so the next step starts from data and the graph does not grow from step to step."""
+    pending = [st for st in live_storages() if st.value.op is not DATA]
+    metrics.bump("mark_step")
+    if not pending:
+        metrics.bump("sync.mark_step")
+        SYNC_LOG.append(("mark_step", user_frame(), 0, None))
+        return
+    sync_nodes((), pending, "mark_step")
+
+
+def wait_device_ops() -> None:
+    """Block until every launched graph has finished (execution is synchronous for now; CUDA is synchronized)."""
+    if backing_device().type == "cuda":
+        torch.cuda.synchronize(backing_device())
+
+
+def sync_tensors(tensors: Sequence[Any], cause: str) -> None:
+    """Compute the given lazy tensors (and whatever live values their graph computes) in one graph."""
+    storages = {id(t._lz_st): t._lz_st for t in tensors if isinstance(t, LazyTensor)}
+    sync_nodes((), list(storages.values()), cause)

@@ -1,0 +1,1 @@
+"""Recording ATen calls on lazy tensors into IR nodes."""

@@ -1,0 +1,115 @@
+"""Output metadata of an ATen call without running it: a memo in front of PyTorch's meta kernels.
+
+Each distinct call signature (op, static arguments, runtime-scalar types, and the shape/stride/offset/dtype of
+each tensor) is inferred once, with meta tensors; ops without a meta kernel go through FakeTensorMode, which
+can decompose them or run them on zero-filled tensors. Training loops repeat the same signatures every step, so
+after the first step shape inference is one dict lookup per op.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import torch
+
+from ..debug import metrics
+
+_MEMO: Dict[Any, Any] = {}
+
+
+class Out(tuple):
+    """Metadata of one tensor result: (shape, stride, storage_offset, dtype, storage numel)."""
+
+    __slots__ = ()
+
+    @property
+    def desc(self) -> tuple:
+        return self[:4]
+
+
+class Unrecordable(Exception):
+    """Neither a meta kernel nor FakeTensorMode can infer this call's output metadata."""
+
+
+def infer(key: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    """The memoized output metadata of ``func(*args, **kwargs)``: an ``Out``, None, a tuple/list of them, or a
+    plain value. Raises the eager error for invalid calls, ``Unrecordable`` when inference is impossible."""
+    try:
+        return _MEMO[key]
+    except KeyError:
+        pass
+    result = _MEMO[key] = _infer(func, args, kwargs)
+    return result
+
+
+def _infer(func: Any, args: tuple, kwargs: dict) -> Any:
+    metrics.bump("shape_inference.meta")
+    try:
+        margs, mkwargs = _convert(args, "meta"), _convert(kwargs, "meta")
+        return _describe(func(*margs, **mkwargs), func)
+    except Exception as meta_error:  # noqa: BLE001 - classified below
+        if not _maybe_missing_kernel(meta_error):
+            raise
+    metrics.bump("shape_inference.fake")
+    try:
+        return _infer_fake(func, args, kwargs)
+    except Exception as fake_error:  # noqa: BLE001
+        raise Unrecordable(f"{func}: no meta kernel, and FakeTensorMode failed with {fake_error!r}") from fake_error
+
+
+def _maybe_missing_kernel(error: Exception) -> bool:
+    text = str(error)
+    return isinstance(error, NotImplementedError) or "meta" in text.lower() or "data-dependent" in text
+
+
+def _infer_fake(func: Any, args: tuple, kwargs: dict) -> Any:
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+
+    def fake(meta: torch.Tensor) -> torch.Tensor:
+        return FakeTensor(mode, meta, torch.device("cpu"))
+
+    fargs, fkwargs = _convert(args, "meta", fake), _convert(kwargs, "meta", fake)
+    with mode:
+        return _describe(func(*fargs, **fkwargs), func)
+
+
+def _convert(value: Any, device: str, wrap: Any = None) -> Any:
+    """Arguments with every tensor replaced by a meta tensor of the same metadata (and storage size)."""
+    from ..device.tensor import LazyTensor
+    if isinstance(value, LazyTensor):
+        shape, stride, offset, dtype = value._lz_desc
+        meta = torch.empty(value._lz_st.numel, dtype=dtype, device="meta").as_strided(shape, stride, offset)
+        return wrap(meta) if wrap else meta
+    if isinstance(value, torch.Tensor):
+        meta = value.detach().to("meta")
+        return wrap(meta) if wrap else meta
+    if isinstance(value, (list, tuple)):
+        return type(value)(_convert(v, device, wrap) for v in value)
+    if isinstance(value, dict):
+        return {k: _convert(v, device, wrap) for k, v in value.items()}
+    if isinstance(value, torch.device) and value.type == "lazy":
+        return torch.device("meta") if wrap is None else torch.device("cpu")
+    if isinstance(value, torch.Generator) or type(value).__name__ == "SeedArg":
+        return None
+    return value
+
+
+def _describe(result: Any, func: Any) -> Any:
+    if isinstance(result, torch.Tensor):
+        if result.layout != torch.strided:
+            raise UnsupportedLayout(f"{func} returns a {result.layout} tensor; the lazy device holds only strided "
+                                    "(dense) tensors: keep sparse or quantized tensors on the cpu")
+        numel = result.untyped_storage().nbytes() // max(result.element_size(), 1)
+        return Out((tuple(result.shape), tuple(result.stride()), result.storage_offset(), result.dtype, numel))
+    if isinstance(result, (list, tuple)):
+        return type(result)(_describe(r, func) for r in result)
+    return result
+
+
+class UnsupportedLayout(RuntimeError):
+    """A result in a layout the lazy device cannot hold (sparse, mkldnn, quantized)."""
+
+
+def clear() -> None:
+    """Forget every memoized signature (tests use it to measure the cold path)."""
+    _MEMO.clear()

@@ -1,0 +1,484 @@
+"""The recorder: every ATen call on lazy tensors becomes IR here (``dispatch`` is ``__torch_dispatch__``).
+
+One handler per kind of op, chosen once per overload: functional ops become a node; views share their base's
+storage (trace/views.py); in-place and ``out=`` ops become their functional variant plus a write-back (Note
+[Functional variants]); random ops get a seed drawn from the torch generator as a runtime scalar; ops whose
+output shape depends on data sync their inputs and run eagerly; ops no shape inference can handle fall back
+to eager execution on the backing device, counted and warned about once.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+import torch._prims_common
+
+from .. import sync as _sync
+from ..config import config
+from ..debug import metrics
+from ..debug.log import enabled, log
+from ..device.tensor import LazyTensor, adopt, contiguous_stride, new_tensor, storage_numel, wrap
+from ..ir.node import GETITEM, SCALAR_MARKERS, TENSOR, DEVICE, GENERATOR, Node, data_leaf, getitem
+from ..ir.ops import functionalized, seeded
+from . import views
+from .meta import Out, Unrecordable, infer
+from .schema import RUNTIME_MEMO_VALUE, STATIC, OpDesc, describe
+
+aten = torch.ops.aten
+_value = views.value
+
+
+class SeedArg(int):
+    """A seed drawn at record time for a random op; recorded as a runtime scalar behind a GENERATOR marker."""
+
+
+# Ops that accept cpu tensors beside lazy ones (eager CUDA does too): the cpu tensors become data leaves.
+_CPU_ARGS_OK = frozenset((aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
+                          aten._index_put_impl_.default, aten.copy_.default, aten.copy.default))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Flattening arguments into (template, inputs, scalars, memo key) -- see Note [Argument templates]
+
+def _flat(v: Any, kind: int, ins: list, scs: list, memo: list, desc: OpDesc) -> Any:
+    tv = type(v)
+    if tv is LazyTensor:
+        ins.append(_value(v))
+        memo.append(v._lz_desc)
+        return TENSOR
+    if tv is float or tv is int or tv is bool or tv is complex:
+        if kind == STATIC:
+            return v
+        scs.append(v)
+        if kind == RUNTIME_MEMO_VALUE:
+            memo.append(v)
+        return SCALAR_MARKERS[tv]
+    if tv is list or tv is tuple:
+        return tuple([_flat(x, kind, ins, scs, memo, desc) for x in v])
+    if v is None or tv is str or tv is torch.dtype:
+        return v
+    if isinstance(v, LazyTensor):
+        ins.append(_value(v))
+        memo.append(v._lz_desc)
+        return TENSOR
+    if isinstance(v, torch.Tensor):
+        ins.append(_constant(v, desc))
+        memo.append(("const", tuple(v.shape), v.dtype))
+        return TENSOR
+    if tv is torch.device:
+        return DEVICE if v.type == "lazy" else v
+    if tv is SeedArg:
+        scs.append(int(v))
+        return GENERATOR
+    return v
+
+
+def _constant(t: torch.Tensor, desc: OpDesc) -> Node:
+    """A non-lazy tensor argument: eager allows cpu scalars (0-dim) beside device tensors, nothing else."""
+    if t.dim() != 0 and desc.op not in _CPU_ARGS_OK:
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, lazy:0 "
+                           f"and {t.device}! (in {desc.name}; move the {t.device} tensor of shape "
+                           f"{list(t.shape)} with .to('lazy') first)")
+    data = t.detach().to(_sync.backing_device(), copy=True)  # a snapshot: eager reads the value at call time
+    metrics.bump("bytes_to_device", data.numel() * data.element_size())
+    return data_leaf(data)
+
+
+def flatten(desc: OpDesc, args: tuple, kwargs: dict) -> tuple:
+    ins: list = []
+    scs: list = []
+    memo: list = []
+    kinds = desc.kinds
+    targs = tuple([_flat(v, kinds[i] if i < len(kinds) else STATIC, ins, scs, memo, desc)
+                   for i, v in enumerate(args)])
+    if kwargs:
+        kw_kinds = desc.kw_kinds
+        tkw = tuple([(k, _flat(v, kw_kinds.get(k, STATIC), ins, scs, memo, desc)) for k, v in kwargs.items()])
+    else:
+        tkw = ()
+    return targs, tkw, ins, scs, memo
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Building outputs
+
+def _flat_outs(out: Any, acc: list) -> list:
+    if type(out) is Out or out is None:
+        acc.append(out)
+    elif isinstance(out, (list, tuple)):
+        for o in out:
+            _flat_outs(o, acc)
+    return acc
+
+
+def _rebuild(out: Any, values: list, it: list) -> Any:
+    """The return structure of ``out`` with each Out/None replaced by the next of ``values``."""
+    if type(out) is Out or out is None:
+        i = it[0]
+        it[0] += 1
+        return values[i]
+    if isinstance(out, (list, tuple)):
+        return type(out)([_rebuild(o, values, it) for o in out])
+    return out
+
+
+def emit_outputs(op: Any, targs: tuple, tkw: tuple, ins: list, scs: list, out: Any) -> tuple:
+    """The node of one call and the value node of each of its tensor outputs (flattened, None kept)."""
+    if type(out) is Out:
+        node = Node(op, targs, tkw, tuple(ins), tuple(scs), out[0], out[3])
+        return node, [node]
+    flat = _flat_outs(out, [])
+    metas = tuple(None if o is None else (o[0], o[3]) for o in flat)
+    node = Node(op, targs, tkw, tuple(ins), tuple(scs), None, None, metas)
+    return node, [None if o is None else getitem(node, i) for i, o in enumerate(flat)]
+
+
+def _new(out: Out, value: Node) -> LazyTensor:
+    return new_tensor(out[:4], value, out[4])
+
+
+def _tensors(out: Any, values: list) -> Any:
+    flat = _flat_outs(out, [])
+    made = [None if o is None else _new(o, v) for o, v in zip(flat, values)]
+    return made[0] if type(out) is Out else _rebuild(out, made, [0])
+
+
+def _with_seed(desc: OpDesc, kwargs: dict) -> dict:
+    gen = kwargs.get("generator")
+    kwargs = dict(kwargs)
+    kwargs["generator"] = SeedArg(_draw_seed(gen))
+    return kwargs
+
+
+def _draw_seed(gen: Optional[torch.Generator]) -> int:
+    # NOTE: one draw from the user's (or the default cpu) generator per random op: torch.manual_seed(s) makes lazy
+    # randomness reproducible, and the seed is a runtime scalar, so new randomness does not recompile.
+    return int(torch.randint(0, 2 ** 62, (), generator=gen if isinstance(gen, torch.Generator) else None))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Handlers
+
+def record_functional(func: Any, args: tuple, kwargs: dict) -> Any:
+    desc = describe(func)
+    op = func
+    if desc.random:
+        if desc.has_generator:
+            kwargs = _with_seed(desc, kwargs)
+        else:
+            op = seeded(func)
+    targs, tkw, ins, scs, memo = flatten(desc, args, kwargs)
+    out = infer((func, targs, tkw, tuple(memo)), func, args, kwargs)
+    if op is not func:
+        scs.append(_draw_seed(None))
+        targs = targs + (SCALAR_MARKERS[int],)
+    node, values = emit_outputs(op, targs, tkw, ins, scs, out)
+    return _tensors(out, values)
+
+
+def record_view(func: Any, args: tuple, kwargs: dict) -> Any:
+    desc = describe(func)
+    base = args[0]
+    targs, tkw, ins, scs, memo = flatten(desc, args, kwargs)
+    out = infer((func, targs, tkw, tuple(memo)), func, args, kwargs)
+    st = base._lz_st
+    if func is aten.as_strided.default:
+        return _view_tensor(out, base, views.as_strided_step(out[:4], st), reset=True)
+    if type(out) is Out:
+        step = views.ViewStep(func, targs, tkw, out[0], out[3])
+        return _view_tensor(out, base, step)
+    steps = views.split_steps(func, targs, out)
+    if steps is None:
+        return type(out)(_view_tensor(o, base, views.as_strided_step(o[:4], st), reset=True) for o in out)
+    return type(out)(_view_tensor(o, base, s) for o, s in zip(out, steps))
+
+
+def _view_tensor(out: Out, base: LazyTensor, step: "views.ViewStep", reset: bool = False) -> LazyTensor:
+    st = base._lz_st
+    prev = st.value if reset else _value(base)
+    chain = (step,) if reset else (base._lz_chain or ()) + (step,)
+    return wrap(out[:4], st, chain, (st.version, step.apply(prev)))
+
+
+def _arg(desc: OpDesc, args: tuple, kwargs: dict, i: int) -> Any:
+    return args[i] if i < len(args) else kwargs.get(desc.arg_names[i])
+
+
+def _write_back(target: Any, new: Optional[Node]) -> None:
+    if target is None or new is None:
+        return
+    if new.dtype != target.dtype:
+        new = Node(aten._to_copy.default, (TENSOR,), (("dtype", target.dtype),), (new,), (), new.shape,
+                   target.dtype)
+    if new.shape != target._lz_desc[0]:
+        new = views.emit(aten.expand.default, (TENSOR, target._lz_desc[0]), (new,), target._lz_desc[0], new.dtype)
+    views.write(target, new)
+
+
+def _returns(desc: OpDesc, args: tuple, kwargs: dict, plain: list) -> Any:
+    """An in-place/out= op's return value: the mutated arguments themselves where returns alias them."""
+    it = iter(plain)
+    rets = [_arg(desc, args, kwargs, src) if src is not None else next(it) for src in desc.return_sources]
+    if not rets:
+        return None
+    return rets[0] if len(rets) == 1 else tuple(rets)
+
+
+def record_inplace(func: Any, args: tuple, kwargs: dict) -> Any:
+    desc = describe(func)
+    if desc.random and desc.has_generator:
+        kwargs = _with_seed(desc, kwargs)
+    targs, tkw, ins, scs, memo = flatten(desc, args, kwargs)
+    memo = tuple(memo)
+    out = infer((func, targs, tkw, memo), func, args, kwargs)  # validates like eager (broadcast, casting)
+    n_plain = sum(1 for s in desc.return_sources if s is None)
+    if desc.functional is not None:
+        op = desc.functional
+        fout = infer((op, targs, tkw, memo), op, args, kwargs)
+        if desc.random and not desc.has_generator:
+            raise AssertionError(f"lazy internal error: {func} is random without a generator argument")
+    else:
+        plain_idx = [i for i, s in enumerate(desc.return_sources) if s is None]
+        op = functionalized(func, desc.mutated, (), plain_idx)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        mutated_meta = [_meta_of(_arg(desc, args, kwargs, i)) for i in desc.mutated]
+        fout = tuple(outs[i] for i in plain_idx) + tuple(mutated_meta)
+    node, values = emit_outputs(op, targs, tkw, ins, scs, fout)
+    flat_plain = _flat_outs(fout[:n_plain] if n_plain else (), [])
+    at = len(flat_plain)
+    for i in desc.mutated:
+        target = _arg(desc, args, kwargs, i)
+        if isinstance(target, (list, tuple)):
+            for t in target:
+                _write_back(t, values[at])
+                at += 1
+        else:
+            _write_back(target, values[at])
+            at += 1
+    plain = [_new(o, v) if o is not None else None for o, v in zip(flat_plain, values)]
+    return _returns(desc, args, kwargs, plain)
+
+
+def _meta_of(t: Any) -> Any:
+    if t is None:
+        return None
+    if isinstance(t, (list, tuple)):
+        return [_meta_of(x) for x in t]
+    return Out(t._lz_desc + (t._lz_st.numel,))
+
+
+def record_out(func: Any, args: tuple, kwargs: dict) -> Any:
+    desc = describe(func)
+    if desc.random and desc.has_generator:
+        kwargs = _with_seed(desc, kwargs)
+    targs, tkw, ins, scs, memo = flatten(desc, args, kwargs)
+    out = infer((func, targs, tkw, tuple(memo)), func, args, kwargs)  # the out tensors' metadata after resize
+    outs = [kwargs[name] for name in desc.out_names]
+    final = _flat_outs(out, []) if isinstance(out, (tuple, list)) else [out]
+    op = desc.functional
+    if op is not None:
+        fkwargs = {k: v for k, v in kwargs.items() if k not in desc.out_names}
+        fdesc = describe(op)
+        ftargs, ftkw, fins, fscs, fmemo = flatten(fdesc, args, fkwargs)
+        fout = infer((op, ftargs, ftkw, tuple(fmemo)), op, args, fkwargs)
+        node, values = emit_outputs(op, ftargs, ftkw, fins, fscs, fout)
+    else:
+        op = functionalized(func, (), desc.out_names, ())
+        fout = tuple(final)
+        node, values = emit_outputs(op, targs, tkw, ins, scs, fout)
+    for target, meta, new in zip(outs, final, values):
+        if target._lz_desc != meta[:4]:
+            _reset(target, meta)
+        _write_back(target, new)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _reset(t: LazyTensor, meta: Out) -> None:
+    """Give ``t`` new metadata and a fresh storage (resize of an out= tensor), keeping the Python object."""
+    shape, stride, _, dtype = meta[:4]
+    empty = Node(aten.empty_strided.default, (shape, stride), (("dtype", dtype), ("device", DEVICE)), (), (),
+                 shape, dtype)
+    fresh = new_tensor((shape, stride, 0, dtype), empty, storage_numel(shape, stride))
+    _set_metadata(t, fresh)
+
+
+def _set_metadata(t: LazyTensor, src: LazyTensor) -> None:
+    with torch.no_grad():
+        torch._C.TensorBase.data.__set__(t, src)
+    adopt(t, src)
+
+
+def record_copy(func: Any, args: tuple, kwargs: dict) -> Any:
+    dst, src = args[0], args[1]
+    if not isinstance(dst, LazyTensor):  # lazy -> cpu (or another device)
+        dst.copy_(_sync.materialize(src, "cpu"))
+        return dst
+    desc = describe(func)
+    targs, tkw, ins, scs, memo = flatten(desc, args, kwargs)
+    infer((func, targs, tkw, tuple(memo)), func, args, kwargs)  # broadcast and dtype checks, as eager
+    _write_back(dst, ins[1])
+    return dst
+
+
+def record_to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
+    device = kwargs.get("device")
+    x = args[0]
+    if not isinstance(x, LazyTensor):  # another device -> lazy: a snapshot of the data becomes a leaf
+        data = x.detach().to(_sync.backing_device(), dtype=kwargs.get("dtype") or x.dtype, copy=True,
+                             memory_format=kwargs.get("memory_format") or torch.preserve_format)
+        metrics.bump("bytes_to_device", data.numel() * data.element_size())
+        return _from_data(data)
+    if device is None or device.type == "lazy":
+        return record_functional(func, args, kwargs)
+    cpu = _sync.materialize(x, "cpu")
+    rest = {k: v for k, v in kwargs.items() if k in ("dtype", "memory_format")}
+    return cpu.to(device=device, copy=False, **rest) if rest else cpu.to(device)
+
+
+def record_item(func: Any, args: tuple, kwargs: dict) -> Any:
+    return _sync.data_of(args[0], "item").item()
+
+
+def record_set(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``x.set_(y)``: x becomes another name for y's storage and metadata."""
+    dst = args[0]
+    if len(args) == 2 and isinstance(args[1], LazyTensor):
+        _set_metadata(dst, args[1])
+        return dst
+    return eager_fallback(func, args, kwargs, cause="fallback")
+
+
+def eager_fallback(func: Any, args: tuple, kwargs: dict, cause: str) -> Any:
+    """Sync the lazy inputs, run ``func`` eagerly on the backing device, and wrap its results as lazy data."""
+    desc = describe(func)
+    lazies: list = []
+    _collect(args, lazies)
+    _collect(kwargs, lazies)
+    datas = _sync.sync_nodes([_value(t) for t in lazies], [t._lz_st for t in lazies], cause)
+    swap = {id(t): d for t, d in zip(lazies, datas)}
+    mutated = {id(_arg(desc, args, kwargs, i)) for i in desc.mutated}
+    mutated |= {id(kwargs[n]) for n in desc.out_names}
+    cloned: Dict[int, torch.Tensor] = {}
+
+    def real(v: Any) -> Any:
+        if isinstance(v, LazyTensor):
+            if id(v) in mutated:
+                cloned[id(v)] = swap[id(v)].clone()
+                return cloned[id(v)]
+            return swap[id(v)]
+        if isinstance(v, (list, tuple)):
+            return type(v)(real(x) for x in v)
+        if isinstance(v, torch.device) and v.type == "lazy":
+            return _sync.backing_device()
+        return v
+
+    result = func(*real(args), **real(kwargs))
+    for t in lazies:
+        if id(t) in cloned:
+            new = cloned[id(t)]
+            if tuple(new.shape) != t._lz_desc[0]:
+                _set_metadata(t, _from_data(new))
+            else:
+                _write_back(t, data_leaf(new))
+    by_id = {id(d): t for t, d in zip(lazies, datas)}
+    by_id.update({id(c): next(t for t in lazies if id(t) == k) for k, c in cloned.items()})
+    return _wrap_result(result, by_id)
+
+
+def _collect(v: Any, acc: list) -> None:
+    if isinstance(v, LazyTensor):
+        acc.append(v)
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            _collect(x, acc)
+    elif isinstance(v, dict):
+        for x in v.values():
+            _collect(x, acc)
+
+
+def _from_data(data: torch.Tensor) -> LazyTensor:
+    """A new lazy tensor holding ``data`` (already on the backing device), with eager's strides."""
+    shape = tuple(data.shape)
+    stride = tuple(data.stride()) if _dense(data) else contiguous_stride(shape)
+    return new_tensor((shape, stride, 0, data.dtype), data_leaf(data), storage_numel(shape, stride))
+
+
+def _dense(t: torch.Tensor) -> bool:
+    return torch._prims_common.is_non_overlapping_and_dense_or_false(t) and t.storage_offset() == 0
+
+
+def _wrap_result(result: Any, originals: dict) -> Any:
+    if isinstance(result, torch.Tensor):
+        if id(result) in originals:
+            return originals[id(result)]
+        return _from_data(result)
+    if isinstance(result, (list, tuple)):
+        return type(result)(_wrap_result(r, originals) for r in result)
+    return result
+
+
+def data_dependent(func: Any, args: tuple, kwargs: dict) -> Any:
+    metrics.bump(f"data_dependent.{func}")
+    return eager_fallback(func, args, kwargs, cause="data_dependent")
+
+
+def record_index(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``x[idx]``: static shape with integer indices; boolean masks make it data-dependent."""
+    indices = args[1]
+    if any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices):
+        return data_dependent(func, args, kwargs)
+    return record_functional(func, args, kwargs)
+
+
+_warned: set = set()
+
+
+def _unrecordable(func: Any, error: Exception) -> None:
+    metrics.bump(f"fallback.{func}")
+    if config.warn_fallback and func not in _warned:
+        _warned.add(func)
+        warnings.warn(f"lazy: {func} cannot be recorded ({error}); it runs eagerly on the backing device after "
+                      "syncing its inputs. This costs a sync each time: report it if it is on your hot path.",
+                      stacklevel=4)
+
+
+_SPECIAL: Dict[Any, Callable[..., Any]] = {
+    aten.copy_.default: record_copy,
+    aten._to_copy.default: record_to_copy,
+    aten._local_scalar_dense.default: record_item,
+    aten.index.Tensor: record_index,
+    aten.set_.source_Tensor: record_set,
+    aten.set_.default: record_set,
+}
+_BY_KIND = {"functional": record_functional, "view": record_view, "inplace": record_inplace, "out": record_out}
+
+
+def _choose(func: Any) -> Callable[..., Any]:
+    special = _SPECIAL.get(func)
+    if special is not None:
+        return special
+    if not isinstance(func, torch._ops.OpOverload):
+        return lambda f, a, k: eager_fallback(f, a, k, cause="fallback")
+    desc = describe(func)
+    if desc.data_dependent or desc.dynamic_shape:
+        return data_dependent
+    return _BY_KIND[desc.kind]
+
+
+_HANDLERS: Dict[Any, Callable[..., Any]] = {}
+
+
+def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``LazyTensor.__torch_dispatch__`` and the Lazy-key fallback: record ``func`` (see module doc)."""
+    handler = _HANDLERS.get(func)
+    if handler is None:
+        handler = _HANDLERS[func] = _choose(func)
+    metrics.traced_ops += 1
+    if enabled(4):
+        log(4, f"trace {func}")
+    try:
+        return handler(func, args, kwargs)
+    except Unrecordable as error:
+        _unrecordable(func, error)
+        return eager_fallback(func, args, kwargs, cause="fallback")

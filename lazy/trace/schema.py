@@ -1,0 +1,143 @@
+"""What the recorder needs to know about an ATen overload, derived once from its schema and tags.
+
+Note [Functional variants]
+The IR is functional (Note [IR values are logical]): an in-place op ``foo_`` or an ``out=`` op is recorded as
+its functional variant, and the tensors it mutates get the variant's results as new values. The variant is
+found by schema matching, following the conventions of PyTorch's functionalization: it takes the same
+arguments (minus ``out=``), and returns the mutable op's non-aliased returns followed by the new values of
+the mutated arguments. An op without such a variant is recorded as itself, wrapped so that the executor runs
+it on copies of the mutated arguments (``functionalized_call``).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+aten = torch.ops.aten
+
+# Runtime-scalar kinds of a Python number passed for a schema argument (see Note [Argument templates]).
+STATIC = 0  # part of the graph key: ints that decide shapes, flags, dims
+RUNTIME = 1  # a runtime input: Scalar arguments (alpha, fill values, learning rates)
+RUNTIME_MEMO_VALUE = 2  # a runtime input whose value still keys the shape memo: `float` arguments
+
+# Ops whose Scalar arguments decide the output shape: their numbers are static.
+SHAPE_SCALAR_OPS = frozenset(
+    getattr(aten, name) for name in ("arange", "range"))
+
+# Schemas that mutate arguments without saying so: op -> positions of the mutated arguments.
+UNDECLARED_MUTATIONS = {aten.native_batch_norm.default: (3, 4)}
+
+
+class OpDesc:
+    """The recorder's view of one overload."""
+
+    __slots__ = ("op", "name", "kinds", "kw_kinds", "kind", "mutated", "out_names", "aliased_returns",
+                 "functional", "num_returns", "random", "has_generator", "data_dependent", "dynamic_shape",
+                 "view_multi", "return_sources", "arg_names")
+
+    def __init__(self, op: torch._ops.OpOverload) -> None:
+        schema = op._schema
+        self.op = op
+        self.name = str(op)
+        static_all = op.overloadpacket in SHAPE_SCALAR_OPS
+        self.kinds: List[int] = []
+        self.kw_kinds: Dict[str, int] = {}
+        self.mutated: List[int] = []
+        self.out_names: List[str] = []
+        self.has_generator = False
+        for i, arg in enumerate(schema.arguments):
+            kind = STATIC if static_all else _scalar_kind(str(arg.type))
+            if arg.kwarg_only:
+                self.kw_kinds[arg.name] = kind
+            else:
+                self.kinds.append(kind)
+            if arg.name == "generator":
+                self.has_generator = True
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                if arg.kwarg_only and torch.Tag.out in op.tags or (arg.kwarg_only and arg.name.startswith("out")):
+                    self.out_names.append(arg.name)
+                else:
+                    self.mutated.append(i)
+        self.mutated.extend(UNDECLARED_MUTATIONS.get(op, ()))
+        self.arg_names = [a.name for a in schema.arguments]
+        # For each return: the index of the argument it aliases (in-place and out= ops), or None.
+        sets = {i: a.alias_info.before_set for i, a in enumerate(schema.arguments) if a.alias_info is not None}
+        self.return_sources = tuple(
+            next((i for i, s in sets.items() if r.alias_info is not None and s == r.alias_info.before_set), None)
+            for r in schema.returns)
+        self.num_returns = len(schema.returns)
+        self.aliased_returns = tuple(r.alias_info is not None for r in schema.returns)
+        tags = op.tags
+        self.random = torch.Tag.nondeterministic_seeded in tags
+        self.data_dependent = torch.Tag.data_dependent_output in tags
+        self.dynamic_shape = torch.Tag.dynamic_output_shape in tags
+        is_view = (not self.mutated and not self.out_names
+                   and any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns))
+        self.view_multi = is_view and str(schema.returns[0].type).startswith("List")
+        if is_view:
+            self.kind = "view"
+        elif self.out_names:
+            self.kind = "out"
+        elif self.mutated:
+            self.kind = "inplace"
+        else:
+            self.kind = "functional"
+        self.functional = _find_functional(op, self) if self.kind in ("out", "inplace") else None
+
+    def __repr__(self) -> str:
+        return f"OpDesc({self.name}, {self.kind})"
+
+
+def _scalar_kind(type_str: str) -> int:
+    if type_str in ("number", "Optional[number]", "List[number]"):
+        return RUNTIME
+    if type_str in ("float", "Optional[float]"):
+        return RUNTIME_MEMO_VALUE
+    return STATIC
+
+
+def _signature(schema: Any, skip: Tuple[str, ...] = ()) -> tuple:
+    """Argument names and types, ignoring alias annotations and the named arguments in ``skip``."""
+    return tuple((a.name, str(a.type)) for a in schema.arguments if a.name not in skip)
+
+
+def _find_functional(op: torch._ops.OpOverload, desc: OpDesc) -> Optional[torch._ops.OpOverload]:
+    schema = op._schema
+    base = schema.name.split("::")[1]
+    if base.endswith("_") and not base.endswith("__"):
+        base = base[:-1]
+    want = _signature(schema, tuple(desc.out_names))
+    n_mutated = len(desc.mutated) + len(desc.out_names)
+    n_plain_returns = sum(1 for r in schema.returns if r.alias_info is None)
+    for name in (base, base + "_functional", "_" + base + "_functional"):
+        packet = getattr(aten, name, None)
+        if packet is None:
+            continue
+        for overload in packet.overloads():
+            cand = getattr(packet, overload)
+            cs = cand._schema
+            if any(a.alias_info is not None and a.alias_info.is_write for a in cs.arguments):
+                continue
+            if _signature(cs) != want:
+                continue
+            if desc.out_names:
+                expected = len(desc.out_names)
+            else:
+                expected = n_plain_returns + len(desc.mutated)
+            # `foo_` returning its (aliased) self: `foo` returns the new self.
+            if len(cs.returns) == expected or (not desc.out_names and len(cs.returns) == n_mutated
+                                               and n_plain_returns == 0):
+                return cand
+    return None
+
+
+_DESCS: Dict[Any, OpDesc] = {}
+
+
+def describe(op: torch._ops.OpOverload) -> OpDesc:
+    """The cached OpDesc of an overload."""
+    desc = _DESCS.get(op)
+    if desc is None:
+        desc = _DESCS[op] = OpDesc(op)
+    return desc
