@@ -12,6 +12,7 @@ dataflow graph (Note [IR values are logical]).
 """
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import Any, Optional, Tuple
 
@@ -28,9 +29,10 @@ Desc = Tuple[tuple, tuple, int, torch.dtype]
 class Storage:
     """The functional stand-in for a storage: the current value of its base tensor (Note [Storages and views])."""
 
-    __slots__ = ("value", "version", "shape", "stride", "numel", "__weakref__")
+    __slots__ = ("value", "version", "shape", "stride", "numel", "serial", "__weakref__")
 
     def __init__(self, value: Node, shape: tuple, stride: tuple, numel: int) -> None:
+        self.serial = next(_SERIAL)  # creation order: mark_step orders its outputs by it, for a stable graph key
         self.value = value
         self.version = 0
         self.shape = shape
@@ -42,6 +44,7 @@ class Storage:
 # Every storage alive: mark_step syncs those whose value is not data yet. Storages, not tensors, are tracked,
 # because swap_tensors (Module.to) refuses tensors that have weak references.
 _LIVE: "weakref.WeakSet[Storage]" = weakref.WeakSet()
+_SERIAL = itertools.count()
 
 
 class LazyTensor(torch.Tensor):
@@ -177,5 +180,9 @@ def contiguous_stride(shape: tuple) -> tuple:
 
 
 def live_storages() -> list:
-    """Every live storage (see _LIVE)."""
-    return list(_LIVE)
+    """Every live storage (see _LIVE), oldest first."""
+    return sorted(_LIVE, key=_serial)
+
+
+def _serial(st: Storage) -> int:
+    return st.serial

@@ -46,19 +46,25 @@ def _infer(func: Any, args: tuple, kwargs: dict) -> Any:
     try:
         margs, mkwargs = _convert(args, "meta"), _convert(kwargs, "meta")
         return _describe(func(*margs, **mkwargs), func)
+    except UnsupportedLayout:
+        raise
     except Exception as meta_error:  # noqa: BLE001 - classified below
         if not _maybe_missing_kernel(meta_error):
             raise
     metrics.bump("shape_inference.fake")
     try:
         return _infer_fake(func, args, kwargs)
+    except UnsupportedLayout:
+        raise
     except Exception as fake_error:  # noqa: BLE001
         raise Unrecordable(f"{func}: no meta kernel, and FakeTensorMode failed with {fake_error!r}") from fake_error
 
 
 def _maybe_missing_kernel(error: Exception) -> bool:
     text = str(error)
-    return isinstance(error, NotImplementedError) or "meta" in text.lower() or "data-dependent" in text
+    lowered = text.lower()
+    return (isinstance(error, NotImplementedError) or "meta" in lowered or "fake impl" in lowered
+            or "data-dependent" in lowered)
 
 
 def _infer_fake(func: Any, args: tuple, kwargs: dict) -> Any:

@@ -22,7 +22,7 @@ from ..device.tensor import LazyTensor, adopt, contiguous_stride, new_tensor, st
 from ..ir.node import GETITEM, SCALAR_MARKERS, TENSOR, DEVICE, GENERATOR, Node, data_leaf, getitem
 from ..ir.ops import functionalized, seeded
 from . import views
-from .meta import Out, Unrecordable, infer
+from .meta import Out, Unrecordable, UnsupportedLayout, infer
 from .schema import RUNTIME_MEMO_VALUE, STATIC, OpDesc, describe
 
 aten = torch.ops.aten
@@ -412,6 +412,9 @@ def _wrap_result(result: Any, originals: dict) -> Any:
     if isinstance(result, torch.Tensor):
         if id(result) in originals:
             return originals[id(result)]
+        if result.layout != torch.strided:
+            raise UnsupportedLayout(f"a {result.layout} result: the lazy device holds only strided (dense) tensors; "
+                                    "keep sparse or quantized tensors on the cpu")
         return _from_data(result)
     if isinstance(result, (list, tuple)):
         return type(result)(_wrap_result(r, originals) for r in result)

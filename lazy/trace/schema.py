@@ -90,7 +90,8 @@ class OpDesc:
 
 
 def _scalar_kind(type_str: str) -> int:
-    if type_str in ("number", "Optional[number]", "List[number]"):
+    # A Python number passed for a Tensor argument (``x * 2.5`` is mul.Tensor) is a wrapped scalar: runtime too.
+    if type_str in ("number", "Optional[number]", "List[number]", "Tensor", "Optional[Tensor]"):
         return RUNTIME
     if type_str in ("float", "Optional[float]"):
         return RUNTIME_MEMO_VALUE

@@ -1,0 +1,85 @@
+"""The graph cache: structural keys, runtime scalars, hits and recompiles."""
+import torch
+
+import lazy
+from lazy.cache import graph_cache
+from lazy.debug import metrics
+
+L = "lazy"
+
+
+def test_changing_scalars_and_data_compile_once():
+    for i in range(100):
+        s = 0.5 + i * 0.01
+        x = torch.randn(8, 8).to(L)
+        y = (x * s + 1).relu()
+        lazy.mark_step()
+        if i % 25 == 0:
+            torch.testing.assert_close(y.cpu(), (x.cpu() * s + 1).relu())
+    assert metrics.counter("compiles") == 1
+    assert metrics.counter("graph_cache.hit") == 99
+
+
+def test_shape_or_dtype_change_recompiles():
+    def step(shape, dtype):
+        x = torch.ones(shape, dtype=dtype).to(L)
+        y = x * 3 + 1
+        lazy.mark_step()
+        return y
+
+    step((4, 4), torch.float32)
+    step((4, 4), torch.float32)
+    assert metrics.counter("compiles") == 1
+    step((5, 4), torch.float32)
+    assert metrics.counter("compiles") == 2
+    y = step((4, 4), torch.float64)
+    assert metrics.counter("compiles") == 3
+    assert y.dtype == torch.float64 and y.cpu().sum().item() == 64.0
+
+
+def test_scalar_type_is_part_of_the_key():
+    x = torch.arange(4).to(L)
+    a = x * 2  # int scalar: stays int64
+    lazy.mark_step()
+    b = x * 2.5  # float scalar: promotes to float32, a different graph
+    lazy.mark_step()
+    assert a.dtype == torch.int64 and b.dtype == torch.float32
+    assert metrics.counter("compiles") == 2
+    torch.testing.assert_close(b.cpu(), torch.arange(4) * 2.5)
+
+
+def test_leaf_numbering_distinguishes_x_plus_x_from_x_plus_y():
+    x = torch.full((3,), 1.0).to(L)
+    y = torch.full((3,), 2.0).to(L)
+    a = x + x
+    assert a.cpu().tolist() == [2.0, 2.0, 2.0]
+    b = x + y
+    assert b.cpu().tolist() == [3.0, 3.0, 3.0]
+    assert metrics.counter("compiles") == 2
+
+
+def test_shared_and_duplicated_subexpressions_differ():
+    x = torch.full((3,), 1.0).to(L)
+    a = x + 1
+    shared = a * a
+    assert shared.cpu().tolist() == [4.0] * 3
+    dup = (x + 1) * (x + 2)
+    assert dup.cpu().tolist() == [6.0] * 3
+
+
+def test_lru_eviction():
+    graph_cache.clear()
+    with lazy.config.override(graph_cache_size=2):
+        for n in (1, 2, 3):
+            (torch.ones(n, device=L) + 1).cpu()
+        assert graph_cache.size() == 2
+        assert metrics.counter("graph_cache.evicted") >= 1
+
+
+def test_dump_dir(tmp_path):
+    with lazy.config.override(dump_dir=str(tmp_path)):
+        (torch.ones(3, device=L).exp() + 1).sum().item()
+    files = list(tmp_path.iterdir())
+    assert len(files) == 1
+    text = files[0].read_text()
+    assert "aten.exp.default" in text and "return" in text

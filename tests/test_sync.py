@@ -1,0 +1,125 @@
+"""Sync points: each computes what it needs once, keeps it, and is counted by cause."""
+import gc
+import io
+import contextlib
+
+import pytest
+import torch
+
+import lazy
+from lazy.debug import metrics
+from lazy.device.tensor import live_storages
+from lazy.ir.node import DATA
+
+L = "lazy"
+
+
+def pending():
+    return [st for st in live_storages() if st.value.op is not DATA]
+
+
+def test_mark_step_computes_every_live_tensor_in_one_graph():
+    x = torch.randn(4, 4).to(L)
+    a = x * 2
+    b = a.relu()
+    c = x.sum()
+    assert len(pending()) == 3
+    lazy.mark_step()
+    assert pending() == []
+    assert metrics.counter("sync.mark_step") == 1 and metrics.counter("executed_graphs") == 1
+    torch.testing.assert_close(b.cpu(), (x.cpu() * 2).relu())
+    assert metrics.counter("executed_graphs") == 1  # b was already data: .cpu() ran no graph
+
+
+def test_cpu_keeps_intermediates_so_nothing_is_computed_twice():
+    x = torch.randn(8).to(L)
+    a = x.exp()
+    b = a + 1
+    b.cpu()
+    assert metrics.counter("executed_nodes") == 2
+    assert pending() == []  # a (live, computed on the way) kept its value
+    lazy.mark_step()
+    assert metrics.counter("executed_graphs") == 1
+
+
+@pytest.mark.parametrize("cause,action", [
+    ("cpu", lambda t: t.cpu()),
+    ("item", lambda t: t.sum().item()),
+    ("tolist", lambda t: t.tolist()),
+    ("print", lambda t: repr(t)),
+    ("bool", lambda t: bool(t.sum() > -1e9)),
+])
+def test_sync_causes_are_counted(cause, action):
+    t = torch.randn(3).to(L) + 1
+    action(t)
+    assert metrics.counter(f"sync.{cause}") == 1
+
+
+def test_if_tensor_and_item_values():
+    t = torch.tensor([1.0, -2.0]).to(L)
+    if (t > 0).any():
+        hit = True
+    assert hit
+    assert (t.abs().sum()).item() == 3.0
+    assert int(t[0]) == 1 and float(t[1]) == -2.0
+    assert f"{t.sum():.1f}" == "-1.0"
+
+
+def test_print_matches_eager_text():
+    t = torch.tensor([[1.5, 2.0], [3.0, 4.0]])
+    text = repr(t.to(L))
+    assert text == repr(t)[:-1] + ", device='lazy:0')"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        print(torch.ones(2, device=L, requires_grad=True) * 2)
+    assert "grad_fn=<MulBackward0>" in buf.getvalue() and "device='lazy:0'" in buf.getvalue()
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.nonzero(x > 0),
+    lambda x: torch.masked_select(x, x > 0),
+    lambda x: torch.unique(x.round()),
+    lambda x: x[x > 0],
+])
+def test_data_dependent_ops_sync_and_continue_lazily(fn):
+    x = torch.randn(5, 4)
+    got = fn(x.to(L))
+    assert isinstance(got, lazy.LazyTensor)
+    assert metrics.counter("sync.data_dependent") >= 1
+    y = got * 2  # continues lazily
+    torch.testing.assert_close(y.cpu(), fn(x) * 2)
+
+
+def test_mark_step_memory_is_flat():
+    w = torch.randn(8, 8).to(L)
+    lazy.mark_step()
+    gc.collect()
+    base = len(live_storages())
+    for _ in range(50):
+        w = (w * 0.9 + 0.01).tanh()
+        lazy.mark_step()
+    gc.collect()
+    assert len(live_storages()) <= base + 1
+    assert w._lz_st.value.op is DATA and not w._lz_st.value.inputs  # no IR history is kept
+    assert metrics.counter("compiles") == 1
+
+
+def test_wait_device_ops():
+    torch.ones(3, device=L).add_(1)
+    lazy.mark_step()
+    lazy.wait_device_ops()
+
+
+def test_strict_mode_raises_on_implicit_sync():
+    t = torch.ones(3, device=L) * 2
+    with lazy.config.override(strict=True):
+        with pytest.raises(lazy.sync.ImplicitSyncError, match="strict"):
+            t.cpu()
+        lazy.mark_step()  # explicit syncs are fine
+    assert t.cpu().sum().item() == 6
+
+
+def test_sync_log_names_user_line():
+    torch.ones(2, device=L).sum().item()
+    cause, where, nodes, hit = lazy.sync.SYNC_LOG[-1]
+    assert cause == "item" and "test_sync.py" in where
