@@ -42,11 +42,13 @@ def test_forward_matches_eager_and_back_to_cpu():
     torch.manual_seed(0)
     m = Tied().eval()
     idx = torch.randint(0, 11, (2, 5))
-    want = m(idx)
-    m.to(L)
-    got = m(idx.to(L))
+    # NOTE: no_grad: an output's autograd graph holds the parameters, and Module.to swaps parameters in place
+    # (that is what keeps identity and tying), which needs them unreferenced, as for any tensor subclass.
+    with torch.no_grad():
+        want = m(idx)
+        m.to(L)
+        got = m(idx.to(L))
     torch.testing.assert_close(got.cpu(), want)
-    del got  # its autograd graph holds the parameters, and swapping parameters (Module.to) needs them unshared
     m.to("cpu")
     assert m.lm_head.weight is m.embed.weight and m.embed.weight.device.type == "cpu"
     torch.testing.assert_close(m(idx), want)
