@@ -108,5 +108,14 @@ class Program:
         return [values[o] for o in self.outputs]
 
 
+def run_node(op: Any, args: tuple, kwargs: tuple, inputs: Sequence[torch.Tensor], scalars: Sequence[Any],
+             device: torch.device) -> Any:
+    """One node's op applied to real inputs, exactly as a Program runs it."""
+    it, sc = iter(inputs), iter(scalars)
+    a = _fill(args, it, sc, device)
+    kw = {k: _fill(v, it, sc, device) for k, v in kwargs}
+    return EXEC_OVERRIDES.get(op, op)(*a, **kw)
+
+
 def compile_reference(lin: Linearized, device: torch.device) -> Program:
     return Program(lin, device)

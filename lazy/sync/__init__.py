@@ -19,7 +19,7 @@ from ..debug.log import log, user_frame
 from ..device.tensor import LazyTensor, Storage, live_storages
 from ..ir.graph import linearize
 from ..ir.node import DATA, Node, data_leaf
-from ..runtime.reference import compile_reference
+from ..runtime.reference import compile_reference, run_node
 from ..trace.views import value
 
 graph_cache.set_compiler(compile_reference)
@@ -71,8 +71,14 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
 def data_of(t: LazyTensor, cause: str) -> torch.Tensor:
     """The value of ``t`` as a tensor on the backing device (logical contents; layout not guaranteed)."""
     st = t._lz_st
+    if st.value.op is DATA:
+        # Already computed: a view of it is read by running its view ops (no graph, nothing to cache).
+        data = _count(st.value, cause)
+        for step in t._lz_chain or ():
+            data = run_node(step.op, step.args, step.kwargs, (data,), (), data.device)
+        return data
     if t._lz_chain is None:
-        return sync_nodes((st.value,), (st,), cause)[0] if st.value.op is not DATA else _count(st.value, cause)
+        return sync_nodes((st.value,), (st,), cause)[0]
     return sync_nodes((value(t),), (st,), cause)[0]
 
 
