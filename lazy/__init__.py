@@ -9,10 +9,12 @@ from __future__ import annotations
 from .config import config
 from .debug import metrics
 from .device import factories as _factories
+from .device import sdpa as _sdpa
 from .device.tensor import LAZY_DEVICE, LazyTensor
 from .sync import mark_step, sync_tensors, wait_device_ops
 
 _factories.register()
+_sdpa.register()
 
 __version__ = "0.1.0"
 device = LAZY_DEVICE

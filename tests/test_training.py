@@ -1,0 +1,212 @@
+"""Training loops on the lazy device give eager's numbers, and settle into one cached graph per step."""
+import gc
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import lazy
+from lazy.debug import metrics
+from lazy.device.tensor import live_storages
+
+from models import MODELS, batch, loss_fn
+
+L = "lazy"
+
+OPTIMIZERS = {
+    "sgd": lambda p, **k: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4, **k),
+    "adamw": lambda p, **k: torch.optim.AdamW(p, lr=3e-3, **k),
+    "adam": lambda p, **k: torch.optim.Adam(p, lr=3e-3, weight_decay=1e-4, **k),
+    "rmsprop": lambda p, **k: torch.optim.RMSprop(p, lr=1e-3, momentum=0.5, **k),
+    "adagrad": lambda p, **k: torch.optim.Adagrad(p, lr=1e-2, **k),
+}
+
+
+def train(kind, opt_name, device, steps, foreach=None, eval_every=0):
+    torch.manual_seed(0)
+    model = MODELS[kind]().to(device)
+    kwargs = {} if foreach is None else {"foreach": foreach}
+    opt = OPTIMIZERS[opt_name](model.parameters(), **kwargs)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=50)
+    losses = []
+    for step in range(steps):
+        x, y = batch(kind, step, device)
+        model.train()
+        loss = loss_fn(kind, model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if device == L:
+            lazy.mark_step()
+        losses.append(loss.item())
+        if eval_every and step % eval_every == eval_every - 1:
+            model.eval()
+            with torch.no_grad():
+                losses.append(loss_fn(kind, model(x), y).item())
+    state = {k: v.detach().cpu() if v.device.type == "lazy" else v for k, v in model.state_dict().items()}
+    return losses, state
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_parity_with_eager(kind, opt_name):
+    want_losses, want_state = train(kind, opt_name, "cpu", 20, eval_every=7)
+    got_losses, got_state = train(kind, opt_name, L, 20, eval_every=7)
+    torch.testing.assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=1e-4, atol=1e-5)
+    for name, want in want_state.items():
+        torch.testing.assert_close(got_state[name], want, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
+def test_optimizers_match_eager(opt_name, foreach):
+    want, want_state = train("mlp", opt_name, "cpu", 6, foreach=foreach)
+    got, got_state = train("mlp", opt_name, L, 6, foreach=foreach)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-5)
+    for name, w in want_state.items():
+        torch.testing.assert_close(got_state[name], w, rtol=1e-4, atol=1e-5)
+
+
+def test_steady_state_compiles_stop():
+    torch.manual_seed(0)
+    model = MODELS["mlp"]().to(L)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=30)
+    compiles = []
+    for step in range(30):
+        x, y = batch("mlp", step, L)
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        lazy.mark_step()
+        compiles.append(metrics.counter("compiles"))
+    assert compiles[-1] <= 3
+    assert compiles[-1] == compiles[2], compiles
+
+
+def test_memory_flat_over_many_steps():
+    torch.manual_seed(0)
+    model = MODELS["mlp"]().to(L)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    counts = []
+    for step in range(60):
+        x, y = batch("mlp", step % 4, L)
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        lazy.mark_step()
+        if step % 20 == 19:
+            gc.collect()
+            counts.append(len(live_storages()))
+    assert counts[-1] <= counts[0] + 2, counts
+
+
+def test_batchnorm_running_stats_once_per_step():
+    torch.manual_seed(0)
+    bn_cpu = nn.BatchNorm1d(4)
+    bn_lazy = nn.BatchNorm1d(4).to(L)
+    for step in range(3):
+        x = torch.randn(8, 4) * (step + 1)
+        bn_cpu(x)
+        bn_lazy(x.to(L))
+        lazy.mark_step()
+    torch.testing.assert_close(bn_lazy.running_mean.cpu(), bn_cpu.running_mean)
+    torch.testing.assert_close(bn_lazy.running_var.cpu(), bn_cpu.running_var)
+    assert bn_lazy.num_batches_tracked.item() == 3
+    bn_cpu.eval()
+    bn_lazy.eval()
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(bn_lazy(x.to(L)).cpu(), bn_cpu(x))
+
+
+def test_dropout_reproducible_under_seed():
+    x = torch.ones(1000, device=L)
+    torch.manual_seed(3)
+    a = F.dropout(x, 0.5, training=True).cpu()
+    torch.manual_seed(3)
+    b = F.dropout(x, 0.5, training=True).cpu()
+    torch.testing.assert_close(a, b)
+    assert set(a.unique().tolist()) == {0.0, 2.0} and 400 < (a == 0).sum().item() < 600
+    torch.testing.assert_close(F.dropout(x, 0.5, training=False).cpu(), torch.ones(1000))
+
+
+def test_autograd_features():
+    xc = torch.randn(4, 3, requires_grad=True)
+    xl = xc.detach().to(L).requires_grad_()
+    for x in (xc, xl):
+        y = (x.sin() * x).sum()
+        (g,) = torch.autograd.grad(y, x, create_graph=True)
+        (gg,) = torch.autograd.grad(g.sum(), x)
+        x.gg = gg
+        z = (x ** 2).sum()
+        z.backward(retain_graph=True)
+        z.backward()  # accumulates
+        seen = []
+        h = x.register_hook(lambda grad: seen.append(grad.shape) or grad * 0)
+        (x * 3).sum().backward()
+        h.remove()
+        x.seen = seen
+    torch.testing.assert_close(xl.gg.cpu(), xc.gg)
+    torch.testing.assert_close(xl.grad.cpu(), xc.grad)
+    assert xl.seen == xc.seen == [torch.Size([4, 3])]
+    with torch.no_grad():
+        assert not (xl * 2).requires_grad
+    with torch.inference_mode():
+        assert not (xl * 2).requires_grad
+    assert not xl.detach().requires_grad
+
+
+def test_grad_accumulation_micro_batches():
+    for device in ("cpu", L):
+        torch.manual_seed(0)
+        model = MODELS["mlp"]().to(device)
+        for micro in range(3):
+            x, y = batch("mlp", micro, device)
+            (F.cross_entropy(model(x), y) / 3).backward()
+        if device == "cpu":
+            want = [p.grad.clone() for p in model.parameters()]
+        else:
+            lazy.mark_step()
+            for p, w in zip(model.parameters(), want):
+                torch.testing.assert_close(p.grad.cpu(), w)
+
+
+def test_optimizer_state_dict_save_reload(tmp_path):
+    torch.manual_seed(0)
+    model = MODELS["mlp"]().to(L)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(2):
+        x, y = batch("mlp", step, L)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        lazy.mark_step()
+    torch.save(opt.state_dict(), tmp_path / "opt.pt")
+    sd = torch.load(tmp_path / "opt.pt")
+    opt2 = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt2.load_state_dict(sd)
+    s1, s2 = opt.state_dict()["state"][0], opt2.state_dict()["state"][0]
+    torch.testing.assert_close(s2["exp_avg"].cpu(), s1["exp_avg"].cpu())
+
+
+def test_bad_input_raises_at_the_op_and_state_survives():
+    torch.manual_seed(0)
+    model = MODELS["mlp"]().to(L)
+    before = [p.detach().cpu() for p in model.parameters()]
+    with pytest.raises(RuntimeError):
+        model(torch.randn(4, 7).to(L))  # wrong feature size
+    with pytest.raises(RuntimeError, match="same device"):
+        model(torch.randn(4, 20))  # a cpu tensor into a lazy model
+    with pytest.raises(RuntimeError):
+        F.cross_entropy(model(torch.randn(4, 20).to(L)), torch.zeros(4).to(L))  # float targets of wrong shape
+    lazy.mark_step()
+    for p, b in zip(model.parameters(), before):
+        torch.testing.assert_close(p.detach().cpu(), b)
+    x, y = batch("mlp", 0, L)
+    F.cross_entropy(model(x), y).backward()
+    lazy.mark_step()
