@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import lazy
+import lazy.cache.graph_cache
 from lazy.config import KNOBS
 
 
@@ -43,6 +44,7 @@ def test_debug_logging_names_the_sync(capfd):
 
 
 def test_metrics_api():
+    lazy.cache.graph_cache.clear()
     lazy.metrics.reset()
     assert lazy.metrics.counters() == {}
     assert "nothing recorded" in lazy.metrics.report()
