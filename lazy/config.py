@@ -27,6 +27,11 @@ def _bool(text: str) -> bool:
 KNOBS = (
     Knob("backing_device", "cpu", "LAZY_BACKING_DEVICE",
          "Device that runs compiled graphs and holds synced data: 'cpu' or 'cuda[:N]'."),
+    Knob("compiler", "reference", "LAZY_COMPILER",
+         "How graphs are compiled: 'reference' (each node through ATen) or 'cpp' (fused C++/OpenMP kernels)."),
+    Knob("cache_dir", "~/.cache/lazy", "LAZY_CACHE_DIR",
+         "Directory of the persistent cache of generated sources and compiled libraries ('' disables it)."),
+    Knob("cxx", "g++", "LAZY_CXX", "The C++ compiler the cpp backend runs."),
     Knob("debug", 0, "LAZY_DEBUG", "Logging level 0..4: 1 syncs, 2 compiles, 3 graph details, 4 every traced op.",
          int),
     Knob("dump_dir", "", "LAZY_DUMP_DIR", "If set, write the IR of every compiled graph into this directory."),
