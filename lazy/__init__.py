@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .config import config
 from .debug import metrics
+from .debug.explain import explain
 from .device import factories as _factories
 from .device import sdpa as _sdpa
 from .device.tensor import LAZY_DEVICE, LazyTensor
@@ -19,7 +20,7 @@ _sdpa.register()
 __version__ = "0.1.0"
 device = LAZY_DEVICE
 
-__all__ = ["LAZY_DEVICE", "LazyTensor", "config", "device", "mark_step", "metrics", "sync_tensors",
+__all__ = ["LAZY_DEVICE", "LazyTensor", "config", "device", "explain", "mark_step", "metrics", "sync_tensors",
            "wait_device_ops", "is_lazy"]
 
 

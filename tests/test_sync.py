@@ -121,5 +121,16 @@ def test_strict_mode_raises_on_implicit_sync():
 
 def test_sync_log_names_user_line():
     torch.ones(2, device=L).sum().item()
-    cause, where, nodes, hit = lazy.sync.SYNC_LOG[-1]
-    assert cause == "item" and "test_sync.py" in where
+    record = lazy.sync.SYNC_LOG[-1]
+    assert record.cause == "item" and "test_sync.py" in record.where
+
+
+def test_explain_names_causes_lines_and_recompile_reasons():
+    for n in (4, 4, 5):
+        x = torch.ones(n, device=L) * 2
+        lazy.mark_step()
+    x.sum().item()
+    text = lazy.explain()
+    assert "mark_step" in text and "item" in text and "test_sync.py" in text
+    assert "first compile at this line" in text
+    assert "f32[4] -> aten" in text or "[4] ->" in text  # the shape change that forced the recompile

@@ -7,7 +7,6 @@ with the user's source line (``lazy.explain()`` lists them).
 """
 from __future__ import annotations
 
-import collections
 from typing import Any, Iterable, List, Sequence
 
 import torch
@@ -15,6 +14,7 @@ import torch
 from ..cache import graph_cache
 from ..config import config
 from ..debug import metrics
+from ..debug.explain import SYNC_LOG, SyncRecord, explain_miss
 from ..debug.log import log, user_frame
 from ..device.tensor import LazyTensor, Storage, live_storages
 from ..ir.graph import linearize
@@ -24,8 +24,6 @@ from ..trace.views import value
 
 graph_cache.set_compiler(compile_reference)
 
-# Recent syncs, newest last: (cause, source line, nodes, cache hit) for lazy.explain().
-SYNC_LOG: "collections.deque[tuple]" = collections.deque(maxlen=1000)
 
 
 class ImplicitSyncError(RuntimeError):
@@ -47,7 +45,7 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
     metrics.bump(f"sync.{cause}")
     pending = [st for st in storages if st.value.op is not DATA]
     if all(r.op is DATA for r in roots) and not pending:
-        SYNC_LOG.append((cause, where, 0, None))
+        SYNC_LOG.append(SyncRecord(cause, where, 0, None))
         return [r.data for r in roots]
     lin = linearize(list(roots) + [st.value for st in pending])
     chosen = set(map(id, pending))
@@ -63,7 +61,7 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
     for st, out in zip(pending, outs[len(roots):]):
         st.value = data_leaf(out)
         st.version += 1
-    SYNC_LOG.append((cause, where, len(lin.order), hit))
+    SYNC_LOG.append(SyncRecord(cause, where, len(lin.order), hit, "" if hit else explain_miss(lin, where)))
     log(1, f"sync ({cause}) at {where}: {len(lin.order)} nodes, {'cache hit' if hit else 'compiled'}")
     return outs[:len(roots)]
 
@@ -104,7 +102,7 @@ def mark_step() -> None:
     metrics.bump("mark_step")
     if not pending:
         metrics.bump("sync.mark_step")
-        SYNC_LOG.append(("mark_step", user_frame(), 0, None))
+        SYNC_LOG.append(SyncRecord("mark_step", user_frame(), 0, None))
         return
     sync_nodes((), pending, "mark_step")
 
