@@ -210,3 +210,40 @@ def test_bad_input_raises_at_the_op_and_state_survives():
     x, y = batch("mlp", 0, L)
     F.cross_entropy(model(x), y).backward()
     lazy.mark_step()
+
+
+class Conv1dRegressor(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm1d(4)
+        self.attn = nn.MultiheadAttention(4, 2, batch_first=True)
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = F.silu(self.bn(self.conv(x))).transpose(1, 2)
+        h, _ = self.attn(h, h, h, need_weights=False)
+        return self.out(F.softmax(h, -1) + F.log_softmax(h, -1))
+
+
+def test_conv1d_mha_softmax_mse_parity():
+    results = []
+    for device in ("cpu", L):
+        torch.manual_seed(0)
+        model = Conv1dRegressor().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        losses = []
+        for step in range(5):
+            g = torch.Generator().manual_seed(step)
+            x, y = torch.randn(4, 3, 7, generator=g).to(device), torch.randn(4, 7, 2, generator=g).to(device)
+            loss = F.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if device == L:
+                lazy.mark_step()
+            losses.append(loss.item())
+        results.append((losses, [p.detach().cpu() for p in model.parameters()]))
+    torch.testing.assert_close(torch.tensor(results[1][0]), torch.tensor(results[0][0]), rtol=1e-4, atol=1e-5)
+    for got, want in zip(results[1][1], results[0][1]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
