@@ -18,7 +18,7 @@ from .. import sync as _sync
 from ..config import config
 from ..debug import metrics
 from ..debug.log import enabled, log
-from ..device.tensor import LazyTensor, adopt, contiguous_stride, new_tensor, storage_numel, wrap
+from ..device.tensor import LazyTensor, Storage, adopt, contiguous_stride, new_tensor, storage_numel, wrap
 from ..ir.node import GETITEM, SCALAR_MARKERS, TENSOR, DEVICE, GENERATOR, Node, data_leaf, getitem
 from ..ir.ops import functionalized, seeded
 from . import views
@@ -260,6 +260,42 @@ def record_inplace(func: Any, args: tuple, kwargs: dict) -> Any:
     return _returns(desc, args, kwargs, plain)
 
 
+def record_inplace_view(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``squeeze_``, ``transpose_``, ``as_strided_``, ...: ``self`` becomes a view of its old self (same storage,
+    new metadata), recorded as the out-of-place view op; its value does not change."""
+    view = record_view(describe(func).functional, args, kwargs)
+    _set_metadata(args[0], view)
+    return args[0]
+
+
+def record_resize(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``resize_``/``resize_as_``: new contiguous metadata over the same storage, or over a grown copy of it (the
+    new elements are uninitialized in eager; here zeros). A grown storage is new: other views of the old one
+    keep the old storage (eager grows it in place under them)."""
+    desc = describe(func)
+    self = args[0]
+    targs, tkw, ins, scs, memo = flatten(desc, args, kwargs)
+    out = infer((func, targs, tkw, tuple(memo)), func, args, kwargs)
+    if out[:4] == self._lz_desc:
+        return self
+    st = self._lz_st
+    if st.value.dtype != self.dtype:
+        raise Unrecordable(f"resizing a {self.dtype} view of a {st.value.dtype} storage")
+    if out[4] > st.numel:
+        st = _grown(st, out[4])
+    step = views.as_strided_step(out[:4], st)
+    _set_metadata(self, wrap(out[:4], st, (step,), (st.version, step.apply(st.value))))
+    return self
+
+
+def _grown(st: Storage, numel: int) -> Storage:
+    """A new storage of ``numel`` elements: ``st``'s elements, then zeros."""
+    dtype = st.value.dtype
+    flat = views.as_strided_step(((st.numel,), (1,), 0, dtype), st).apply(st.value)
+    padded = Node(aten.constant_pad_nd.default, (TENSOR, (0, numel - st.numel)), (), (flat,), (), (numel,), dtype)
+    return Storage(padded, (numel,), (1,), numel)
+
+
 def _meta_of(t: Any) -> Any:
     if t is None:
         return None
@@ -331,6 +367,10 @@ def record_to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
         return _from_data(data)
     if device is None or device.type == "lazy":
         return record_functional(func, args, kwargs)
+    if not torch._prims_common.is_non_overlapping_and_dense_or_false(x):
+        # NOTE: eager copies an overlapping (expanded) or gapped tensor into a dense one (empty_like's
+        # preserve_format); so does a clone, and the sync then materializes that.
+        x = record_functional(aten.clone.default, (x,), {})
     cpu = _sync.materialize(x, "cpu")
     rest = {k: v for k, v in kwargs.items() if k in ("dtype", "memory_format")}
     return cpu.to(device=device, copy=False, **rest) if rest else cpu.to(device)
@@ -453,8 +493,11 @@ _SPECIAL: Dict[Any, Callable[..., Any]] = {
     aten.index.Tensor: record_index,
     aten.set_.source_Tensor: record_set,
     aten.set_.default: record_set,
+    aten.resize_.default: record_resize,
+    aten.resize_as_.default: record_resize,
 }
-_BY_KIND = {"functional": record_functional, "view": record_view, "inplace": record_inplace, "out": record_out}
+_BY_KIND = {"functional": record_functional, "view": record_view, "inplace": record_inplace, "out": record_out,
+            "inplace_view": record_inplace_view}
 
 
 def _choose(func: Any) -> Callable[..., Any]:
@@ -466,7 +509,13 @@ def _choose(func: Any) -> Callable[..., Any]:
     desc = describe(func)
     if desc.data_dependent or desc.dynamic_shape:
         return data_dependent
+    if desc.kind == "inplace_view" and (desc.functional is None or describe(desc.functional).kind != "view"):
+        return _unrecordable_handler
     return _BY_KIND[desc.kind]
+
+
+def _unrecordable_handler(func: Any, args: tuple, kwargs: dict) -> Any:
+    raise Unrecordable("no recording rule for this op")
 
 
 _HANDLERS: Dict[Any, Callable[..., Any]] = {}

@@ -75,7 +75,9 @@ class OpDesc:
         is_view = (not self.mutated and not self.out_names
                    and any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns))
         self.view_multi = is_view and str(schema.returns[0].type).startswith("List")
-        if is_view:
+        if torch.Tag.inplace_view in tags:  # squeeze_, transpose_, as_strided_, resize_: new metadata for self
+            self.kind = "inplace_view"
+        elif is_view:
             self.kind = "view"
         elif self.out_names:
             self.kind = "out"
@@ -83,7 +85,7 @@ class OpDesc:
             self.kind = "inplace"
         else:
             self.kind = "functional"
-        self.functional = _find_functional(op, self) if self.kind in ("out", "inplace") else None
+        self.functional = _find_functional(op, self) if self.kind in ("out", "inplace", "inplace_view") else None
 
     def __repr__(self) -> str:
         return f"OpDesc({self.name}, {self.kind})"
