@@ -2,7 +2,7 @@
 a mutating op on copies). Each is an ``Op`` with a name and an eager implementation the executor calls."""
 from __future__ import annotations
 
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 
@@ -17,18 +17,22 @@ def _storage_of(base: torch.Tensor, base_stride: Sequence[int], numel: int) -> t
 
 
 def _as_strided(base: torch.Tensor, size: Sequence[int], stride: Sequence[int], offset: int,
-                base_stride: Sequence[int], numel: int) -> torch.Tensor:
-    return _storage_of(base, base_stride, numel).as_strided(size, stride, offset).clone()
+                base_stride: Sequence[int], numel: int, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    flat = _storage_of(base, base_stride, numel)
+    if dtype is not None:  # the view reads the storage's bytes as another dtype (size, stride in its units)
+        flat = flat.view(dtype)
+    return flat.as_strided(size, stride, offset).clone()
 
 
 def _as_strided_scatter(base: torch.Tensor, src: torch.Tensor, size: Sequence[int], stride: Sequence[int],
                         offset: int, base_stride: Sequence[int], numel: int) -> torch.Tensor:
     flat = _storage_of(base, base_stride, numel)
-    view = flat.as_strided(size, stride, offset)
+    target = flat.view(src.dtype) if src.dtype != flat.dtype else flat  # same bytes, in the view's dtype
+    view = target.as_strided(size, stride, offset)
     if 0 in view.stride() and view.numel() > 1:
         # An overlapping view (expand, stride 0): any one of the aliased writes may win, as in eager.
-        index = torch.arange(numel, device=flat.device).as_strided(size, stride, offset)
-        flat.index_put_((index.reshape(-1),), src.expand(size).reshape(-1))
+        index = torch.arange(target.numel(), device=flat.device).as_strided(size, stride, offset)
+        target.index_put_((index.reshape(-1),), src.expand(size).reshape(-1))
     else:
         view.copy_(src)
     return flat.as_strided(base.shape, base_stride, 0).clone()

@@ -27,11 +27,20 @@ def _dtype_view(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.contiguous().view(dtype)
 
 
-# Ops whose ATen kernel depends on the physical layout of its input: run a layout-independent equivalent.
+def _complex_view(x: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_complex(x.contiguous())
+
+
+# Ops whose ATen kernel depends on the physical layout of its input: run a layout-independent equivalent. The
+# conj and neg bits are layout too: a node's value is the conjugated (negated) contents, so no kernel, and no
+# check like view_as_real's "unresolved conjugated tensors", ever sees the bit.
 EXEC_OVERRIDES: Dict[Any, Callable[..., Any]] = {
     aten.view.default: _reshape_view,
     aten._unsafe_view.default: _reshape_view,
     aten.view.dtype: _dtype_view,
+    aten.view_as_complex.default: _complex_view,
+    aten._conj.default: torch.conj_physical,
+    aten._neg_view.default: torch.neg,
 }
 
 
@@ -49,6 +58,20 @@ def _fill(value: Any, inputs: Any, scalars: Any, device: torch.device) -> Any:
     if type(value) is tuple:
         return [_fill(v, inputs, scalars, device) for v in value]
     return value
+
+
+# Note [Executing inside __torch_dispatch__]
+# Syncs usually start inside the recorder (.cpu() is aten._to_copy, .item() is _local_scalar_dense), where the
+# dispatcher has excluded the Conjugate, Negative and ZeroTensor keys (among others) from the thread's key set.
+# ATen calls made there skip those fallbacks, so a conj or neg view (``_conj``, ``_neg_view``) reaching a kernel
+# is read without its conjugation or negation: fft.hfft* returned wrong values. Graphs and eager fallbacks run
+# under the dispatch key sets of plain eager code instead, captured here at import (outside any dispatch).
+_EAGER_KEYS = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
+
+
+def eager_dispatch() -> Any:
+    """A context in which ATen calls dispatch as in plain eager code (Note [Executing inside __torch_dispatch__])."""
+    return torch._C._ForceDispatchKeyGuard(*_EAGER_KEYS)
 
 
 class Program:
@@ -91,6 +114,13 @@ class Program:
         values: List[Any] = [None] * self.num_values
         for p, leaf in zip(self.leaf_positions, leaves):
             values[p] = leaf
+        with eager_dispatch():
+            self._run(values, scalars)
+        metrics.bump("executed_graphs")
+        metrics.bump("executed_nodes", self.num_nodes)
+        return [values[o] for o in self.outputs]
+
+    def _run(self, values: List[Any], scalars: Sequence[Any]) -> None:
         device = self.device
         for p, fn, args, ins, s0, ns, kwargs, frees in self.instrs:
             if fn is None:  # getitem
@@ -103,9 +133,6 @@ class Program:
                 values[p] = fn(*a, **kw)
             for f in frees:
                 values[f] = None
-        metrics.bump("executed_graphs")
-        metrics.bump("executed_nodes", self.num_nodes)
-        return [values[o] for o in self.outputs]
 
 
 def run_node(op: Any, args: tuple, kwargs: tuple, inputs: Sequence[torch.Tensor], scalars: Sequence[Any],
@@ -114,7 +141,8 @@ def run_node(op: Any, args: tuple, kwargs: tuple, inputs: Sequence[torch.Tensor]
     it, sc = iter(inputs), iter(scalars)
     a = _fill(args, it, sc, device)
     kw = {k: _fill(v, it, sc, device) for k, v in kwargs}
-    return EXEC_OVERRIDES.get(op, op)(*a, **kw)
+    with eager_dispatch():
+        return EXEC_OVERRIDES.get(op, op)(*a, **kw)
 
 
 def compile_reference(lin: Linearized, device: torch.device) -> Program:

@@ -84,7 +84,10 @@ def _convert(value: Any, device: str, wrap: Any = None) -> Any:
     from ..device.tensor import LazyTensor
     if isinstance(value, LazyTensor):
         shape, stride, offset, dtype = value._lz_desc
-        meta = torch.empty(value._lz_st.numel, dtype=dtype, device="meta").as_strided(shape, stride, offset)
+        st = value._lz_st
+        # The storage counts elements of its base's dtype; a dtype view (view_as_real) counts in its own.
+        numel = st.numel if st.value.dtype == dtype else st.numel * st.value.dtype.itemsize // dtype.itemsize
+        meta = torch.empty(numel, dtype=dtype, device="meta").as_strided(shape, stride, offset)
         return wrap(meta) if wrap else meta
     if isinstance(value, torch.Tensor):
         meta = value.detach().to("meta")

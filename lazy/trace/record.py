@@ -21,6 +21,7 @@ from ..debug.log import enabled, log
 from ..device.tensor import LazyTensor, Storage, adopt, contiguous_stride, new_tensor, storage_numel, wrap
 from ..ir.node import GETITEM, SCALAR_MARKERS, TENSOR, DEVICE, GENERATOR, Node, data_leaf, getitem
 from ..ir.ops import functionalized, seeded
+from ..runtime.reference import eager_dispatch
 from . import views
 from .meta import Out, Unrecordable, UnsupportedLayout, infer
 from .schema import RUNTIME_MEMO_VALUE, STATIC, OpDesc, describe
@@ -434,7 +435,8 @@ def eager_fallback(func: Any, args: tuple, kwargs: dict, cause: str) -> Any:
             return _sync.backing_device()
         return v
 
-    result = func(*real(args), **real(kwargs))
+    with eager_dispatch():  # Note [Executing inside __torch_dispatch__]
+        result = func(*real(args), **real(kwargs))
     for t in lazies:
         if id(t) in cloned:
             new = cloned[id(t)]

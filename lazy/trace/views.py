@@ -85,7 +85,24 @@ def _dtype_back(prev: Node, new: Node, step: ViewStep) -> Node:
     return emit(aten.view.dtype, (TENSOR, prev.dtype), (new,), prev.shape, prev.dtype)
 
 
+def _involution(prev: Node, new: Node, step: ViewStep) -> Node:
+    """conj and neg views: applying the view again undoes it."""
+    return emit(step.op, (TENSOR,), (new,), prev.shape, prev.dtype)
+
+
+def _real_back(prev: Node, new: Node, step: ViewStep) -> Node:
+    return emit(aten.view_as_complex.default, (TENSOR,), (new,), prev.shape, prev.dtype)
+
+
+def _complex_back(prev: Node, new: Node, step: ViewStep) -> Node:
+    return emit(aten.view_as_real.default, (TENSOR,), (new,), prev.shape, prev.dtype)
+
+
 REVERSE: Dict[Any, Callable[[Node, Node, ViewStep], Node]] = {
+    aten._conj.default: _involution,
+    aten._neg_view.default: _involution,
+    aten.view_as_real.default: _real_back,
+    aten.view_as_complex.default: _complex_back,
     aten.slice.Tensor: _slice,
     aten.select.int: _select,
     aten.diagonal.default: _diagonal,
@@ -139,6 +156,8 @@ def _scatter(st: Storage, chain: tuple, new: Node, desc: tuple) -> Node:
         return new
     base = st.value
     shape, stride, offset, _ = desc
+    # NOTE: ``new`` may have another dtype than the storage (a chain through view_as_real): the executor writes
+    # it into the storage's bytes, as eager does.
     args = (TENSOR, TENSOR, shape, stride, offset, st.stride, st.numel)
     return emit(AS_STRIDED_SCATTER, args, (base, new), base.shape, base.dtype)
 
@@ -146,7 +165,10 @@ def _scatter(st: Storage, chain: tuple, new: Node, desc: tuple) -> Node:
 def as_strided_step(desc: tuple, st: Storage) -> ViewStep:
     """A step reading ``desc`` (size, stride, absolute offset) straight out of the storage ``st``."""
     shape, stride, offset, dtype = desc
-    return ViewStep(AS_STRIDED, (TENSOR, shape, stride, offset, st.stride, st.numel), (), shape, dtype)
+    args = (TENSOR, shape, stride, offset, st.stride, st.numel)
+    if dtype != st.value.dtype:  # a view of another dtype (view_as_real): read the storage's bytes as ``dtype``
+        args += (dtype,)
+    return ViewStep(AS_STRIDED, args, (), shape, dtype)
 
 
 def split_steps(op: Any, args: tuple, outs: list) -> Optional[list]:
