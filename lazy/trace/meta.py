@@ -11,6 +11,7 @@ from typing import Any, Dict
 
 import torch
 
+from ..config import config
 from ..debug import metrics
 
 _MEMO: Dict[Any, Any] = {}
@@ -37,8 +38,33 @@ def infer(key: Any, func: Any, args: tuple, kwargs: dict) -> Any:
         return _MEMO[key]
     except KeyError:
         pass
-    result = _MEMO[key] = _infer(func, args, kwargs)
+    result = _infer(func, args, kwargs)
+    rule = CPU_RULES.get(func)
+    if rule is not None and config.backing_device.startswith("cpu"):
+        result = rule(result, args)
+    _MEMO[key] = result
     return result
+
+
+# Where the cpu kernel's outputs differ from the meta kernel's (which follow CUDA's): op -> fix(outs, args).
+# NOTE: the memo does not key on the backing device; a process changes it before recording anything.
+def _empty_batch_norm_stats(training_at: Any) -> Any:
+    """Outside training, cpu batch norm returns empty save_mean/save_invstd; meta (CUDA) returns them [C]."""
+    def fix(outs: tuple, args: tuple) -> tuple:
+        if training_at is not None and args[training_at]:
+            return outs
+        empty = Out(((0,), (1,), 0, outs[1][3], 0))
+        return type(outs)((outs[0], empty, empty) + tuple(outs[3:]))
+    return fix
+
+
+aten = torch.ops.aten
+CPU_RULES: Dict[Any, Any] = {
+    aten.native_batch_norm.default: _empty_batch_norm_stats(5),
+    aten._native_batch_norm_legit.default: _empty_batch_norm_stats(5),
+    aten._native_batch_norm_legit_functional.default: _empty_batch_norm_stats(5),
+    aten._native_batch_norm_legit_no_training.default: _empty_batch_norm_stats(None),
+}
 
 
 def _infer(func: Any, args: tuple, kwargs: dict) -> Any:

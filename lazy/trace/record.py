@@ -247,8 +247,15 @@ def _returns(desc: OpDesc, args: tuple, kwargs: dict, plain: list) -> Any:
     return rets[0] if len(rets) == 1 else tuple(rets)
 
 
+def _padded(desc: OpDesc, args: tuple) -> tuple:
+    """``args`` with the positional defaults the functional variant lacks filled in (OpDesc.pad_args)."""
+    return args + desc.pad_args[len(args):]
+
+
 def record_inplace(func: Any, args: tuple, kwargs: dict) -> Any:
     desc = describe(func)
+    if desc.pad_args is not None:
+        args = _padded(desc, args)
     if desc.random and desc.has_generator:
         kwargs = _with_seed(desc, kwargs)
     targs, tkw, ins, scs, memo = flatten(desc, args, kwargs)
@@ -328,6 +335,8 @@ def _meta_of(t: Any) -> Any:
 
 def record_out(func: Any, args: tuple, kwargs: dict) -> Any:
     desc = describe(func)
+    if desc.pad_args is not None:
+        args = _padded(desc, args)
     if desc.random and desc.has_generator:
         kwargs = _with_seed(desc, kwargs)
     targs, tkw, ins, scs, memo = flatten(desc, args, kwargs)

@@ -34,7 +34,7 @@ class OpDesc:
 
     __slots__ = ("op", "name", "kinds", "kw_kinds", "kind", "mutated", "out_names", "aliased_returns",
                  "functional", "num_returns", "random", "has_generator", "data_dependent", "dynamic_shape",
-                 "view_multi", "return_sources", "arg_names")
+                 "view_multi", "return_sources", "arg_names", "pad_args")
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
@@ -86,9 +86,22 @@ class OpDesc:
         else:
             self.kind = "functional"
         self.functional = _find_functional(op, self) if self.kind in ("out", "inplace", "inplace_view") else None
+        self.pad_args = _pad_args(schema, self.functional)
 
     def __repr__(self) -> str:
         return f"OpDesc({self.name}, {self.kind})"
+
+
+def _pad_args(schema: Any, functional: Optional[torch._ops.OpOverload]) -> Optional[tuple]:
+    """The mutable op's positional defaults when its functional variant lacks some of them (``bernoulli_.float``
+    defaults ``p=0.5``, ``bernoulli.p`` does not): calls that omit them are padded before recording; else None."""
+    if functional is None:
+        return None
+    fargs = functional._schema.arguments
+    positional = [a for a in schema.arguments if not a.kwarg_only]
+    if not any(a.has_default_value() and not f.has_default_value() for a, f in zip(positional, fargs)):
+        return None
+    return tuple(a.default_value if a.has_default_value() else None for a in positional)
 
 
 def _scalar_kind(type_str: str) -> int:

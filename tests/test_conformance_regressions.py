@@ -1,0 +1,103 @@
+"""Small regression tests for recorder bugs the OpInfo conformance suite found (tests/test_conformance.py)."""
+import pytest
+import torch
+
+import lazy
+
+aten = torch.ops.aten
+
+
+def same(fn, *tensors):
+    """``fn`` on eager tensors and on lazy copies: values, shapes and dtypes equal, inputs mutated alike."""
+    eager = [t.clone() for t in tensors]
+    lz = [t.clone().to("lazy") for t in tensors]
+    want = fn(*eager)
+    got = fn(*lz)
+    want = want if isinstance(want, (tuple, list)) else (want,)
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    for w, g in zip(want, got):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g.cpu(), w)
+    for e, l in zip(eager, lz):
+        torch.testing.assert_close(l.cpu(), e)
+
+
+def test_dims_minus_one_and_minus_two_get_different_graphs():
+    # CPython hashes -1 like -2: the graph cache once ran sum(x, -2)'s graph for sum(x, -1).
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(x.to("lazy").sum(-2).cpu(), x.sum(-2))
+    torch.testing.assert_close(x.to("lazy").sum(-1).cpu(), x.sum(-1))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.t_(),
+    lambda x: x.unsqueeze_(0).transpose_(0, 2),
+    lambda x: x.view(2, 1, 6).squeeze_(1),
+    lambda x: x[1:].as_strided_((2, 2), (1, 3)),
+    lambda x: x.resize_(3, 4),
+    lambda x: x.resize_(2, 2),
+], ids=["t_", "unsqueeze_transpose_", "squeeze_", "as_strided_", "resize_same", "resize_shrink"])
+def test_inplace_view_ops_change_metadata(fn):
+    same(lambda x: fn(x).mul_(2), torch.randn(4, 3))
+
+
+def test_inplace_view_keeps_aliasing_with_base():
+    same(lambda x: (x[1:].t_().mul_(10), x)[1], torch.randn(3, 4))
+
+
+def test_resize_grows_storage():
+    x = torch.randn(2, 3).to("lazy")
+    x.resize_(4, 4)
+    assert x.shape == (4, 4)
+    torch.testing.assert_close(x.cpu().flatten()[6:], torch.zeros(10))
+
+
+def test_cpu_of_expanded_tensor():
+    same(lambda x: x[:, :1].expand(4, 5), torch.randn(4, 3))
+
+
+def test_conj_views_resolve_inside_syncs():
+    # .cpu() syncs from inside __torch_dispatch__, where the Conjugate key is off: hfft read an unconjugated input.
+    x = torch.randn(5, 6, 7)
+    torch.testing.assert_close(torch.fft.hfft2(x.to("lazy"), dim=(-3, -2, -1)).cpu(),
+                               torch.fft.hfft2(x, dim=(-3, -2, -1)), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda z: z.conj().mul_(2),
+    lambda z: aten._neg_view(z).mul_(2),
+    lambda z: torch.view_as_real(z).mul_(2),
+    lambda z: torch.view_as_real(z)[1:3, 1].fill_(7),
+    lambda z: z.imag.add_(1),
+    lambda z: torch.view_as_real(z).as_strided((3,), (3,), 1).fill_(5),
+    lambda z: torch.view_as_real(z.conj().resolve_conj()),
+], ids=["conj", "neg_view", "view_as_real", "real_slice", "imag", "as_strided_real", "view_as_real_of_conj"])
+def test_complex_views_read_and_write(fn):
+    same(fn, torch.randn(4, dtype=torch.complex64))
+
+
+def test_view_as_complex_write():
+    same(lambda x: torch.view_as_complex(x).mul_(2), torch.randn(4, 2))
+
+
+def test_batch_norm_eval_stats_are_empty_on_cpu():
+    x, w, b, mean, var = torch.randn(3, 2, 4), torch.randn(2), torch.randn(2), torch.randn(2), torch.rand(2)
+    same(lambda *t: aten.native_batch_norm(*t, False, 0.1, 1e-5), x, w, b, mean, var)
+    same(lambda *t: aten._native_batch_norm_legit_no_training(*t, 0.1, 1e-5), x, w, b, mean, var)
+
+
+def test_bernoulli_inplace_default_p():
+    x = torch.empty(2000).to("lazy")
+    x.bernoulli_()
+    assert 0.4 < x.cpu().mean().item() < 0.6
+    y = torch.ones(2000).to("lazy")
+    torch.nn.functional.dropout(y, 0.5, True, inplace=True)
+    assert set(y.cpu().unique().tolist()) <= {0.0, 2.0}
+
+
+def test_fallback_runs_with_eager_dispatch_keys():
+    z = torch.randn(6, dtype=torch.complex64)
+    lz = z.to("lazy")
+    torch.testing.assert_close(torch.masked_select(lz.conj(), lz.real > 0).cpu(),
+                               torch.masked_select(z.conj(), z.real > 0))
+    assert lazy.metrics.counter("sync.data_dependent") >= 1
