@@ -11,7 +11,13 @@ _SPARSE = "clear error: sparse layouts are not held by the lazy device (Unsuppor
 _CPU_INDICES = ("clear error: eager's own check, as on any non-cpu device: tensor_split wants its index tensor on the "
                 "cpu (the split sizes decide output shapes)")
 
+_RESIZING_INPLACE = ("clear error: in-place addbmm_ on a self smaller than the result (every-sample run): eager cpu "
+                     "resizes self, the meta kernel refuses as for any in-place op (\"output with shape [1] doesn't "
+                     "match the broadcast shape [5, 10]\"), as torch.compile does")
+
 KNOWN_FAILURES: dict = {
+    ("addbmm", "float32"): _RESIZING_INPLACE,
+    ("addbmm", "int64"): _RESIZING_INPLACE,
     ("sparse.sampled_addmm", "float32"): _SPARSE,
     ("sparse.mm.reduce", "float32"): _SPARSE,
     ("to_sparse", "float32"): _SPARSE,
