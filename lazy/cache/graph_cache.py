@@ -4,7 +4,7 @@ from __future__ import annotations
 import collections
 import os
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict
 
 import torch
 
@@ -14,18 +14,32 @@ from ..debug.log import log
 from ..ir.graph import Linearized
 
 _CACHE: "collections.OrderedDict[Any, Any]" = collections.OrderedDict()
-_compiler: Optional[Callable[[Linearized, torch.device], Any]] = None
+_COMPILERS: Dict[str, Callable[[Linearized, torch.device], Any]] = {}
 
 
-def set_compiler(compiler: Callable[[Linearized, torch.device], Any]) -> None:
-    """The function that turns a linearized graph into a runnable program (the reference executor for now)."""
-    global _compiler
-    _compiler = compiler
+def set_compiler(compiler: Callable[[Linearized, torch.device], Any], backend: str = "reference") -> None:
+    """Register the function that turns a linearized graph into a runnable program for ``backend``."""
+    _COMPILERS[backend] = compiler
+
+
+def compiler_for(backend: str) -> Callable[[Linearized, torch.device], Any]:
+    """The compiler of ``backend`` ('reference' or 'cpp'), as chosen by ``lazy.config.compiler``."""
+    if backend not in _COMPILERS:
+        if backend == "cpp":
+            from ..runtime.cpp import compile_cpp
+            _COMPILERS["cpp"] = compile_cpp
+        elif backend == "reference":
+            from ..runtime.reference import compile_reference
+            _COMPILERS["reference"] = compile_reference
+        else:
+            raise ValueError(f"lazy.config.compiler is {backend!r}; use 'reference' or 'cpp' (LAZY_COMPILER)")
+    return _COMPILERS[backend]
 
 
 def lookup(lin: Linearized, device: torch.device) -> tuple:
     """(program, hit) for this graph on ``device``, compiling on a miss."""
-    key = (lin.key, device)
+    backend = config.compiler
+    key = (lin.key, device, backend)
     program = _CACHE.get(key)
     if program is not None:
         _CACHE.move_to_end(key)
@@ -33,7 +47,7 @@ def lookup(lin: Linearized, device: torch.device) -> tuple:
         return program, True
     metrics.bump("graph_cache.miss")
     start = time.perf_counter()
-    program = _compiler(lin, device)
+    program = compiler_for(backend)(lin, device)
     elapsed = time.perf_counter() - start
     metrics.bump("compiles")
     metrics.bump("compile_time_s", elapsed)
@@ -51,8 +65,15 @@ def _dump(program: Any, key: Any) -> None:
         return
     os.makedirs(config.dump_dir, exist_ok=True)
     name = f"graph_{abs(hash(key)) & 0xFFFFFFFFFFFF:012x}_{program.backend}.txt"
+    text = program.source
+    kernel_ir = getattr(program, "kernel_ir", None)
+    if kernel_ir is not None:
+        # compiled backends: the fused kernel IR (schedule pass) ahead of the generated source, in one file
+        graph = getattr(program, "graph_text", "")
+        text = "/* graph:\n" + graph.replace("*/", "* /") + "\n\nfused kernel IR:\n" + \
+            kernel_ir.replace("*/", "* /") + "\n*/\n" + text
     with open(os.path.join(config.dump_dir, name), "w") as f:
-        f.write(program.source + "\n")
+        f.write(text + "\n")
 
 
 def size() -> int:

@@ -19,10 +19,8 @@ from ..debug.log import log, user_frame
 from ..device.tensor import LazyTensor, Storage, live_storages
 from ..ir.graph import linearize
 from ..ir.node import DATA, Node, data_leaf
-from ..runtime.reference import compile_reference, run_node
+from ..runtime.reference import run_node
 from ..trace.views import value
-
-graph_cache.set_compiler(compile_reference)
 
 
 

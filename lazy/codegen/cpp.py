@@ -1,0 +1,274 @@
+"""The C++/OpenMP renderer: a schedule -> one translation unit of plain C++ (raw pointers, no torch headers).
+
+A table maps each kernel-IR op to a template over its rendered arguments (STYLE.md item 3); a few hooks render
+loops, stages and stores. Each kernel is a ``static`` function; each run of consecutive kernels between extern
+calls is one ``extern "C"`` entry point ``lz_seg<i>(void** P, const double* F, const int64_t* I)``: ``P`` holds
+every buffer's pointer (by buffer id), ``F``/``I`` the runtime scalars as double/int64. The return value is
+non-zero if an integer division by zero happened (eager raises there too). Temporaries are declared with their
+exact C type so narrow integer results wrap as in eager.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, List
+
+import torch
+
+from ..lower import kir
+from ..lower.kir import Expr
+from ..schedule import Kernel, Limits, Schedule
+
+LIMITS = Limits(max_buffers=64, parallel_threshold=1 << 15)
+
+CTYPES: Dict[torch.dtype, str] = {
+    torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
+    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+}
+
+PRELUDE = r"""#include <cmath>
+#include <cstdint>
+#include <limits>
+static int lz_err = 0;
+template <typename T> static inline T lz_idiv_trunc(T a, T b) { if (b == 0) { lz_err = 1; return 0; } return a / b; }
+template <typename T> static inline T lz_idiv_floor(T a, T b) {
+  if (b == 0) { lz_err = 1; return 0; }
+  T q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1; return q; }
+template <typename T> static inline T lz_imod_floor(T a, T b) {
+  if (b == 0) { lz_err = 1; return 0; }
+  T r = a % b; if (r != 0 && ((r < 0) != (b < 0))) r += b; return r; }
+template <typename T> static inline T lz_imod_trunc(T a, T b) { if (b == 0) { lz_err = 1; return 0; } return a % b; }
+template <typename T> static inline T lz_fmod_floor(T a, T b) {
+  T r = std::fmod(a, b); if (r != 0 && ((b < 0) != (r < 0))) r += b; return r; }
+template <typename T> static inline T lz_fdiv_floor(T a, T b) {
+  if (b == 0) return a / b;
+  T mod = std::fmod(a, b); T div = (a - mod) / b;
+  if (mod != 0 && ((b < 0) != (mod < 0))) div -= T(1);
+  T fl;
+  if (div != 0) { fl = std::floor(div); if (div - fl > T(0.5)) fl += T(1); } else { fl = std::copysign(T(0), a / b); }
+  return fl; }
+template <typename T> static inline T lz_max(T a, T b) { return (a != a || a > b) ? a : b; }
+template <typename T> static inline T lz_min(T a, T b) { return (a != a || a < b) ? a : b; }
+template <typename T> static inline T lz_lerp(T a, T b, T w) {
+  return std::abs(w) < T(0.5) ? a + w * (b - a) : b - (b - a) * (T(1) - w); }
+"""
+
+
+def _f(template: str) -> Callable[..., str]:
+    return lambda t, *a: template.format(*a, T=t)
+
+
+def _by_kind(flt: str, integer: str) -> Callable[..., str]:
+    def render(t: str, *a: str) -> str:
+        return (flt if t in ("float", "double") else integer).format(*a, T=t)
+    return render
+
+
+def _math(fn: str) -> Callable[..., str]:
+    return _f(f"std::{fn}({{0}})")
+
+
+# NOTE: op -> template over the rendered arguments; ``T`` is the C type of the result.
+TEMPLATES: Dict[str, Callable[..., str]] = {
+    "add": _by_kind("({0} + {1})", "static_cast<{T}>({0} + {1})"),
+    "sub": _f("({0} - {1})"),
+    "mul": _by_kind("({0} * {1})", "static_cast<{T}>({0} * {1})"),
+    "truediv": _f("({0} / {1})"),
+    "truncdiv": _by_kind("std::trunc({0} / {1})", "lz_idiv_trunc<{T}>({0}, {1})"),
+    "floordiv": _by_kind("lz_fdiv_floor<{T}>({0}, {1})", "lz_idiv_floor<{T}>({0}, {1})"),
+    "remainder": _by_kind("lz_fmod_floor<{T}>({0}, {1})", "lz_imod_floor<{T}>({0}, {1})"),
+    "fmod": _by_kind("std::fmod({0}, {1})", "lz_imod_trunc<{T}>({0}, {1})"),
+    "pow": _f("std::pow({0}, {1})"),
+    "atan2": _f("std::atan2({0}, {1})"),
+    "neg": _f("static_cast<{T}>(-{0})"),
+    "abs": _by_kind("std::abs({0})", "static_cast<{T}>({0} < 0 ? -{0} : {0})"),
+    "relu": _by_kind("(({0} != {0} || {0} > {T}(0)) ? {0} : {T}(0))", "({0} > 0 ? {0} : {T}(0))"),
+    "sign": _by_kind("({0} != {0} ? {0} : {T}(({0} > {T}(0)) - ({0} < {T}(0))))",
+                     "static_cast<{T}>(({0} > 0) - ({0} < 0))"),
+    "sigmoid": _f("({T}(1) / ({T}(1) + std::exp(-{0})))"),
+    "rsqrt": _f("({T}(1) / std::sqrt({0}))"),
+    "reciprocal": _f("({T}(1) / {0})"),
+    "round": _f("std::nearbyint({0})"),
+    "gelu": _f("({T}(0.5) * {0} * ({T}(1) + std::erf({0} * {T}(M_SQRT1_2))))"),
+    "gelu_tanh": _f("({T}(0.5) * {0} * ({T}(1) + std::tanh({T}(M_SQRT2 * M_2_SQRTPI * 0.5) * "
+                    "({0} + {T}(0.044715) * {0} * {0} * {0}))))"),
+    "maximum": _f("lz_max<{T}>({0}, {1})"),
+    "minimum": _f("lz_min<{T}>({0}, {1})"),
+    "clamp_min": _f("({0} != {0} ? {0} : ({0} < {1} ? {1} : {0}))"),
+    "clamp_max": _f("({0} != {0} ? {0} : ({0} > {1} ? {1} : {0}))"),
+    "lerp": _f("lz_lerp<{T}>({0}, {1}, {2})"),
+    "eq": _f("({0} == {1})"), "ne": _f("({0} != {1})"), "lt": _f("({0} < {1})"),
+    "le": _f("({0} <= {1})"), "gt": _f("({0} > {1})"), "ge": _f("({0} >= {1})"),
+    "and": _f("({0} && {1})"), "or": _f("({0} || {1})"), "not": _f("(!{0})"),
+    "where": _f("({0} ? {1} : {2})"),
+    "cast": _f("static_cast<{T}>({0})"),
+    "iadd": _f("({0} + {1})"), "imul": _f("({0} * {1})"), "ifloordiv": _f("({0} / {1})"), "imod": _f("({0} % {1})"),
+}
+for _name in ("exp", "log", "tanh", "sqrt", "sin", "cos", "erf", "log1p", "expm1", "log2", "exp2", "floor", "ceil",
+              "trunc", "atan", "asin", "acos", "sinh", "cosh", "tan", "erfc", "log10"):
+    TEMPLATES[_name] = _math(_name)
+# bool arithmetic is logical, as in eager
+BOOL_TEMPLATES: Dict[str, Callable[..., str]] = {"add": _f("({0} || {1})"), "mul": _f("({0} && {1})"),
+                                                 "maximum": _f("({0} || {1})"), "minimum": _f("({0} && {1})")}
+
+INIT = {"sum": lambda t: f"{t}(0)", "prod": lambda t: f"{t}(1)",
+        "max": lambda t: f"-std::numeric_limits<{t}>::infinity()" if t in ("float", "double")
+        else f"std::numeric_limits<{t}>::lowest()",
+        "min": lambda t: f"std::numeric_limits<{t}>::infinity()" if t in ("float", "double")
+        else f"std::numeric_limits<{t}>::max()"}
+COMBINE = {"sum": "{acc} += {v};", "prod": "{acc} *= {v};",
+           "max": "if ({v} != {v} || {v} > {acc}) {acc} = {v};",
+           "min": "if ({v} != {v} || {v} < {acc}) {acc} = {v};"}
+
+
+class UnsupportedByRenderer(Exception):
+    pass
+
+
+def ctype(dtype: torch.dtype) -> str:
+    try:
+        return CTYPES[dtype]
+    except KeyError:
+        raise UnsupportedByRenderer(f"dtype {dtype} has no C++ type in this renderer") from None
+
+
+def _const(value, dtype: torch.dtype) -> str:
+    t = ctype(dtype)
+    if dtype.is_floating_point:
+        if math.isnan(value):
+            return f"std::numeric_limits<{t}>::quiet_NaN()"
+        if math.isinf(value):
+            return f"{'-' if value < 0 else ''}std::numeric_limits<{t}>::infinity()"
+        return f"{t}({float(value).hex()})"
+    if dtype is torch.bool:
+        return "true" if value else "false"
+    if value == -(1 << 63):
+        return "INT64_MIN"
+    return f"{t}({value}LL)" if t != "int64_t" else f"int64_t({value}LL)"
+
+
+class _Scope:
+    """Rendered names visible in a block; new temporaries go to ``lines``."""
+
+    def __init__(self, names: Dict[Expr, str], lines: List[str], indent: str, counter: List[int],
+                 var_names: Dict[Expr, str]) -> None:
+        self.names, self.lines, self.indent, self.counter, self.var_names = dict(names), lines, indent, counter, \
+            var_names
+
+    def child(self, indent: str) -> "_Scope":
+        return _Scope(self.names, self.lines, indent, self.counter, self.var_names)
+
+    def emit(self, root: Expr) -> str:
+        for e in kir.walk(root):
+            if e in self.names:
+                continue
+            if e.op == "const":
+                self.names[e] = _const(e.args[0], e.dtype)
+                continue
+            if e.op == "var":
+                self.names[e] = self.var_names[e]
+                continue
+            if e.op == "scalar":
+                self.names[e] = f"F[{e.args[0]}]" if e.dtype.is_floating_point else f"I[{e.args[0]}]"
+                continue
+            if e.op == "reduce":
+                raise UnsupportedByRenderer("a reduction read outside its stage")
+            t = ctype(e.dtype)
+            if e.op == "load":
+                text = f"b{e.args[0].id}[{self.names[e.args[1]]}]"
+            else:
+                table = BOOL_TEMPLATES if e.dtype is torch.bool and e.op in BOOL_TEMPLATES else TEMPLATES
+                fn = table.get(e.op)
+                if fn is None:
+                    raise UnsupportedByRenderer(f"kernel-IR op {e.op!r} has no C++ template")
+                text = fn(t, *[self.names[a] for a in e.args if type(a) is Expr])
+            name = f"t{self.counter[0]}"
+            self.counter[0] += 1
+            self.lines.append(f"{self.indent}const {t} {name} = {text};")
+            self.names[e] = name
+        return self.names[root]
+
+
+def _loop(var_name: str, extent: int, indent: str) -> str:
+    return f"{indent}for (int64_t {var_name} = 0; {var_name} < {extent}; ++{var_name}) {{"
+
+
+def render_kernel(k: Kernel) -> str:
+    lines: List[str] = [f"static void lz_{k.name}(void** P, const double* F, const int64_t* I) {{"]
+    for b in k.buffers():
+        t = ctype(b.dtype)
+        lines.append(f"  {t}* __restrict b{b.id} = ({t}*)P[{b.id}];")
+    lines.append("  (void)F; (void)I;")
+    var_names: Dict[Expr, str] = {}
+    loops = k.outer + k.inner
+    for i, v in enumerate(loops):
+        var_names[v] = f"i{i}"
+    for s in k.stages:
+        for j, v in enumerate(s.red.red_vars):
+            var_names.setdefault(v, f"r{len(var_names)}_{j}")
+    counter = [0]
+    indent = "  "
+    scope = _Scope({}, lines, indent, counter, var_names)
+    depth = 0
+    for i, v in enumerate(k.outer):
+        if i == 0 and k.parallel:
+            lines.append(f"{indent}#pragma omp parallel for schedule(static)")
+        lines.append(_loop(var_names[v], v.args[1], indent))
+        indent += "  "
+        depth += 1
+    scope = scope.child(indent)
+    for n, s in enumerate(k.stages):
+        at = ctype(s.red.acc_dtype)
+        acc = f"acc{n}"
+        lines.append(f"{indent}{at} {acc} = {INIT[s.red.kind](at)};")
+        inner_scope = scope
+        ind = indent
+        for v in s.red.red_vars:
+            lines.append(_loop(var_names[v], v.args[1], ind))
+            ind += "  "
+        inner_scope = scope.child(ind)
+        val = inner_scope.emit(s.body)
+        lines.append(ind + COMBINE[s.red.kind].format(acc=acc, v=val))
+        for _ in s.red.red_vars:
+            ind = ind[:-2]
+            lines.append(ind + "}")
+        name = f"red{n}"
+        lines.append(f"{indent}const {ctype(s.red.dtype)} {name} = static_cast<{ctype(s.red.dtype)}>({acc});")
+        scope.names[s.ref] = name
+    for i, v in enumerate(k.inner):
+        if i == 0 and not k.outer and k.parallel:
+            lines.append(f"{indent}#pragma omp parallel for schedule(static)")
+        elif i == len(k.inner) - 1:
+            lines.append(f"{indent}#pragma GCC ivdep")
+        lines.append(_loop(var_names[v], v.args[1], indent))
+        indent += "  "
+        depth += 1
+    scope = scope.child(indent)
+    for buf, idx, e in k.stores:
+        val = scope.emit(e)
+        lines.append(f"{indent}b{buf.id}[{scope.emit(idx)}] = {val};")
+    for _ in range(depth):
+        indent = indent[:-2]
+        lines.append(indent + "}")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def render(sched: Schedule) -> tuple:
+    """(source, segments): segments are lists of kernels, one ``lz_seg<i>`` entry point each, in step order."""
+    parts = [PRELUDE]
+    segments: List[List[Kernel]] = []
+    current: List[Kernel] = []
+    for step in sched.steps:
+        if isinstance(step, Kernel):
+            parts.append(render_kernel(step))
+            current.append(step)
+        elif current:
+            segments.append(current)
+            current = []
+    if current:
+        segments.append(current)
+    for i, seg in enumerate(segments):
+        calls = "\n".join(f"  lz_{k.name}(P, F, I);" for k in seg)
+        parts.append(f'extern "C" int lz_seg{i}(void** P, const double* F, const int64_t* I) {{\n{calls}\n'
+                     f"  int e = lz_err; lz_err = 0; return e;\n}}")
+    return "\n\n".join(parts) + "\n", segments

@@ -1,0 +1,178 @@
+"""Decomposition of composite ATen ops to core ops with PyTorch's own ``torch._decomp`` tables.
+
+Note [Decompositions keep runtime scalars]
+A node is decomposed by tracing its decomposition with ``make_fx`` on meta tensors, memoized per signature (op,
+argument templates, input shapes and dtypes). Runtime scalars (Note [Argument templates]) must stay runtime
+inputs of the decomposed graph, not constants baked into it: the trace is run twice with two different sets of
+sentinel values for the scalar slots, and an FX argument that equals slot k's sentinel in both traces, at the
+same place, becomes ``ScalarRef(k)``. If the two traces differ anywhere else (a scalar was transformed, or
+decided control flow), the node is not decomposed and runs as an extern call.
+"""
+from __future__ import annotations
+
+import functools
+import operator
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ..ir.node import DEVICE, GENERATOR, SCALAR_MARKERS, TENSOR, Node, _Marker
+
+aten = torch.ops.aten
+
+_EXTRA = ("_softmax", "_log_softmax", "native_layer_norm", "var", "var_mean", "std", "std_mean",
+          "_softmax_backward_data", "_log_softmax_backward_data", "gelu_backward", "sigmoid_backward",
+          "tanh_backward", "threshold_backward", "addmm", "mse_loss", "mse_loss_backward", "silu_backward",
+          "leaky_relu", "leaky_relu_backward", "elu", "softplus", "logsumexp", "hardtanh_backward", "hardsigmoid",
+          "hardswish", "mish", "native_dropout_backward", "log_sigmoid_forward", "logit", "xlogy", "nan_to_num",
+          "native_layer_norm_backward", "linalg_vector_norm", "norm", "frac", "hypot", "sgn")
+
+
+@functools.lru_cache(maxsize=1)
+def table() -> Dict[Any, Any]:
+    from torch._decomp import core_aten_decompositions, get_decompositions
+    d = dict(core_aten_decompositions())
+    d.update(get_decompositions([getattr(aten, n) for n in _EXTRA if hasattr(aten, n)]))
+    return d
+
+
+class ScalarRef:
+    """The k-th runtime scalar of the decomposed node (its slot relative to the node's first scalar)."""
+
+    __slots__ = ("k",)
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def __repr__(self) -> str:
+        return f"ScalarRef({self.k})"
+
+
+class Decomposed:
+    """A node's decomposition: ``steps`` of (target, args, kwargs, meta, multi) where meta is (shape, dtype) or,
+    if multi, a tuple of them; args hold
+    ``("in", i)`` for the node's i-th input, ``("val", j)`` for step j's value, ScalarRef and constants."""
+
+    __slots__ = ("steps", "result")
+
+    def __init__(self, steps: List[tuple], result: Any) -> None:
+        self.steps = steps
+        self.result = result
+
+
+_MEMO: Dict[tuple, Optional[Decomposed]] = {}
+
+
+def decompose(node: Node) -> Optional[Decomposed]:
+    if node.op not in table():
+        return None
+    key = (node.op, node.args, node.kwargs, tuple((i.shape, i.dtype) for i in node.inputs))
+    if key not in _MEMO:
+        try:
+            _MEMO[key] = _trace(node)
+        except Exception:  # noqa: BLE001 -- a decomposition that does not trace runs as an extern call
+            _MEMO[key] = None
+    return _MEMO[key]
+
+
+def _sentinels(node: Node, salt: int) -> List[Any]:
+    out = []
+    for k, s in enumerate(_scalar_markers(node)):
+        if s is SCALAR_MARKERS[float]:
+            out.append(1.0 + (salt * 7919 + k * 104729) * 1.1920929e-3 + 0.123456789)
+        elif s is SCALAR_MARKERS[int]:
+            out.append(900001 + salt * 7919 + k * 104729)
+        else:
+            raise ValueError("bool/complex runtime scalars are not traced")
+    return out
+
+
+def _scalar_markers(node: Node) -> List[_Marker]:
+    found: List[_Marker] = []
+
+    def visit(v: Any) -> None:
+        if type(v) is _Marker and v is not TENSOR and v is not DEVICE:
+            if v is GENERATOR:
+                raise ValueError("random op")
+            found.append(v)
+        elif type(v) is tuple:
+            for x in v:
+                visit(x)
+    visit(node.args)
+    for _, v in node.kwargs:
+        visit(v)
+    return found
+
+
+def _trace_once(node: Node, sentinels: List[Any]) -> torch.fx.GraphModule:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def fill(v: Any, ins: Any, sc: Any) -> Any:
+        if v is TENSOR:
+            return next(ins)
+        if v is DEVICE:
+            return torch.device("meta")
+        if type(v) is _Marker:
+            return next(sc)
+        if type(v) is tuple:
+            return [fill(x, ins, sc) for x in v]
+        return v
+
+    def fn(*tensors: torch.Tensor) -> Any:
+        ins, sc = iter(tensors), iter(sentinels)
+        args = fill(node.args, ins, sc)
+        kwargs = {k: fill(v, ins, sc) for k, v in node.kwargs}
+        return node.op(*args, **kwargs)
+
+    metas = [torch.empty(i.shape, dtype=i.dtype, device="meta") for i in node.inputs]
+    return make_fx(fn, decomposition_table=table())(*metas)
+
+
+def _trace(node: Node) -> Optional[Decomposed]:
+    a, b = _sentinels(node, 0), _sentinels(node, 1)
+    ga, gb = _trace_once(node, a), _trace_once(node, b)
+    na, nb = list(ga.graph.nodes), list(gb.graph.nodes)
+    if len(na) != len(nb):
+        return None
+    ref_a = {v: k for k, v in enumerate(a)}
+    pos: Dict[Any, Any] = {}
+    steps: List[tuple] = []
+    n_in = 0
+    result = None
+
+    def conv(x: Any, y: Any) -> Any:
+        if isinstance(x, torch.fx.Node):
+            return pos[x]
+        if isinstance(x, (list, tuple)):
+            if not isinstance(y, (list, tuple)) or len(x) != len(y):
+                raise ValueError("diverging traces")
+            return type(x)(conv(p, q) for p, q in zip(x, y))
+        if type(x) in (int, float) and x in ref_a and y == b[ref_a[x]]:
+            return ScalarRef(ref_a[x])
+        if type(x) is not type(y) or x != y:
+            raise ValueError("diverging traces")
+        return x
+
+    for x, y in zip(na, nb):
+        if x.op != y.op or x.target != y.target:
+            return None
+        if x.op == "placeholder":
+            pos[x] = ("in", n_in)
+            n_in += 1
+        elif x.op == "call_function":
+            args = conv(tuple(x.args), tuple(y.args))
+            kwargs = {k: conv(v, y.kwargs[k]) for k, v in x.kwargs.items()}
+            val = x.meta.get("val")
+            multi = isinstance(val, (tuple, list))
+            meta = tuple((tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else None for v in val) \
+                if multi else ((tuple(val.shape), val.dtype) if isinstance(val, torch.Tensor) else None)
+            pos[x] = ("val", len(steps))
+            steps.append((x.target, args, kwargs, meta, multi))
+        elif x.op == "output":
+            result = conv(x.args[0], y.args[0])
+        else:
+            return None
+    return Decomposed(steps, result)
+
+
+GETITEM_TARGET = operator.getitem

@@ -1,0 +1,240 @@
+"""Lowering of a linearized graph: every node becomes loop-level kernel IR or an extern ATen call.
+
+``lower(lin)`` walks the nodes in order. A node with a lowering (pointwise.py, structure.py) becomes a lazy
+``TVal``; a composite op is decomposed with torch._decomp (decompose.py) and its core ops lowered the same way;
+everything else (matmul, conv, sort, indexing, random and internal lazy ops, unsupported dtypes) becomes an
+``Extern`` step whose inputs are realized into buffers and whose outputs are buffers later kernels load from.
+No node leaves the graph: each is lowered, decomposed or extern. Values are realized (stored) only where they
+must be: graph outputs, extern inputs, and shared values too big to recompute.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..ir.graph import Linearized
+from ..ir.node import DATA, DEVICE, GENERATOR, GETITEM, SCALAR_MARKERS, TENSOR, Node, _Marker
+from . import kir, structure, values  # noqa: F401 -- structure registers its lowerings
+from .decompose import GETITEM_TARGET, ScalarRef, decompose
+from .pointwise import LOWERINGS
+from .values import SUPPORTED_DTYPES, ScalarArg, TVal, Unlowerable, from_buffer, vars_for
+
+SHARED_INLINE_LIMIT = 48  # a value used twice is recomputed in each consumer only if its expression is smaller
+
+
+class Store:
+    """Kernel-IR step: ``buffer[vars] = expr`` for every index of the buffer."""
+
+    __slots__ = ("buffer", "vars", "expr")
+
+    def __init__(self, buffer: kir.Buffer, vars_: List[kir.Expr], expr: kir.Expr) -> None:
+        self.buffer, self.vars, self.expr = buffer, vars_, expr
+
+
+class Extern:
+    """An ATen call at run time: ``fn`` with argument templates over input buffers and runtime scalar slots."""
+
+    __slots__ = ("fn", "args", "kwargs", "inputs", "slots", "outputs", "name")
+
+    def __init__(self, fn: Any, args: tuple, kwargs: tuple, inputs: List[kir.Buffer], slots: List[int],
+                 outputs: List[Optional[kir.Buffer]]) -> None:
+        self.fn, self.args, self.kwargs, self.inputs, self.slots, self.outputs = fn, args, kwargs, inputs, slots, outputs
+        self.name = op_name(fn)
+
+
+class Lowered:
+    """The graph as kernel IR: ``steps`` (Store/Extern in order), leaf buffers, output buffers."""
+
+    def __init__(self) -> None:
+        self.steps: List[Any] = []
+        self.leaves: List[kir.Buffer] = []
+        self.outputs: List[kir.Buffer] = []
+        self.scalar_kinds: List[type] = []
+        self.num_buffers = 0
+        self.externs_by_op: Dict[str, int] = {}
+
+    def buffer(self, shape: Sequence[int], dtype: torch.dtype, strides: Optional[Sequence[int]] = None,
+               kind: str = "temp") -> kir.Buffer:
+        buf = kir.Buffer(self.num_buffers, shape, dtype, strides, kind)
+        self.num_buffers += 1
+        return buf
+
+    def realize(self, v: TVal) -> kir.Buffer:
+        if v.buffer is not None:
+            return v.buffer
+        buf = self.buffer(v.shape, v.dtype)
+        vs = vars_for(v.shape, "x")
+        self.steps.append(Store(buf, vs, v(vs)))
+        return buf
+
+
+def lower(lin: Linearized) -> Lowered:
+    kir.reset_names()
+    out = Lowered()
+    values.REALIZE = lambda v: from_buffer(out.realize(v))
+    users: Dict[int, int] = {}
+    for node in lin.order:
+        for i in node.inputs:
+            users[id(i)] = users.get(id(i), 0) + 1
+    vals: Dict[int, Any] = {}
+    slot = 0
+    for node in lin.order:
+        if node.op is DATA:
+            buf = out.buffer(node.shape, node.dtype, node.args[0], "leaf")
+            out.leaves.append(buf)
+            vals[id(node)] = from_buffer(buf)
+            continue
+        ins = [vals[id(i)] for i in node.inputs]
+        n = len(node.scalars)
+        out.scalar_kinds.extend(type(s) if type(s) in (bool, int, float) else object for s in node.scalars)
+        if node.op is GETITEM:
+            vals[id(node)] = ins[0][node.args[0]]
+            continue
+        v = _lower_node(out, node, ins, slot)
+        slot += n
+        if isinstance(v, TVal) and v.buffer is None and users.get(id(node), 0) > 1:
+            if len(kir.walk(v(vars_for(v.shape, "x")))) > SHARED_INLINE_LIMIT:
+                v = from_buffer(out.realize(v))
+        vals[id(node)] = v
+    for p in lin.outputs:
+        v = vals[id(lin.order[p])]
+        buf = out.realize(v)
+        if buf.kind == "temp":
+            buf.kind = "output"
+        vals[id(lin.order[p])] = from_buffer(buf)
+        out.outputs.append(buf)
+    return out
+
+
+def op_name(fn: Any) -> str:
+    name = getattr(fn, "name", None)
+    return name if isinstance(name, str) else str(fn)
+
+
+def _supported(node: Node) -> bool:
+    metas = node.metas if node.shape is None else ((node.shape, node.dtype),)
+    return all(m is None or m[1] in SUPPORTED_DTYPES for m in metas or ()) and \
+        all(i.dtype in SUPPORTED_DTYPES for i in node.inputs)
+
+
+def _fill(value: Any, ins: Any, slots: Any) -> Any:
+    if value is TENSOR:
+        return next(ins)
+    if value is DEVICE:
+        return None
+    if type(value) is _Marker:
+        if value is GENERATOR:
+            raise Unlowerable("random op")
+        s = next(slots)
+        kind = next(k for k, m in SCALAR_MARKERS.items() if m is value)
+        if kind not in (int, float, bool):
+            raise Unlowerable("complex scalar")
+        return ScalarArg(s, int if kind is bool else kind)
+    if type(value) is tuple:
+        return [_fill(v, ins, slots) for v in value]
+    return value
+
+
+def _key(op: Any) -> str:
+    packet = getattr(op, "overloadpacket", None)
+    return str(packet) if packet is not None else ""
+
+
+def _meta(node: Node) -> tuple:
+    return (node.shape, node.dtype) if node.shape is not None else node.metas
+
+
+def _lower_node(out: Lowered, node: Node, ins: List[Any], slot: int) -> Any:
+    if _supported(node):
+        fn = LOWERINGS.get(_key(node.op))
+        if fn is not None:
+            try:
+                it, slots = iter(ins), iter(range(slot, slot + len(node.scalars)))
+                args = _fill(node.args, it, slots)
+                kwargs = {k: _fill(v, it, slots) for k, v in node.kwargs}
+                return fn(args, kwargs, _meta(node))
+            except Exception:  # noqa: BLE001 -- an overload the table does not cover runs as an extern call
+                pass
+        dec = decompose(node)
+        if dec is not None:
+            try:
+                return _lower_decomposed(out, dec, ins, slot)
+            except Unlowerable:
+                pass
+    return _extern(out, node.op, node.args, node.kwargs, ins, list(range(slot, slot + len(node.scalars))),
+                   _meta(node), node.shape is None)
+
+
+def _extern(out: Lowered, fn: Any, args: tuple, kwargs: tuple, ins: List[Any], slots: List[int], meta: Any,
+            multi: bool) -> Any:
+    bufs = [out.realize(v) for v in ins]
+    metas = meta if multi else (meta,)
+    outs = [out.buffer(m[0], m[1], kind="extern") if m is not None else None for m in metas]
+    out.steps.append(Extern(fn, args, kwargs, bufs, slots, outs))
+    name = op_name(fn)
+    out.externs_by_op[name] = out.externs_by_op.get(name, 0) + 1
+    vals = [from_buffer(b) if b is not None else None for b in outs]
+    return vals if multi else vals[0]
+
+
+def _lower_decomposed(out: Lowered, dec: Any, ins: List[Any], slot: int) -> Any:
+    vals: List[Any] = []
+
+    def conv(x: Any) -> Any:
+        if type(x) is tuple and len(x) == 2 and x[0] in ("in", "val") and type(x[1]) is int:
+            return ins[x[1]] if x[0] == "in" else vals[x[1]]
+        if isinstance(x, ScalarRef):
+            return ScalarArg(slot + x.k, float if out.scalar_kinds[slot + x.k] is float else int)
+        if isinstance(x, (list, tuple)):
+            return [conv(v) for v in x]
+        if isinstance(x, torch.device):
+            return None
+        return x
+
+    for target, args, kwargs, meta, multi in dec.steps:
+        a = conv(args)
+        kw = {k: conv(v) for k, v in kwargs.items()}
+        if target is GETITEM_TARGET:
+            vals.append(a[0][a[1]])
+            continue
+        metas = meta if multi else None
+        fn = LOWERINGS.get(_key(target))
+        supported = all(m is None or m[1] in SUPPORTED_DTYPES for m in (metas or (meta,)) if m is not None)
+        v = None
+        if fn is not None and metas is None and meta is not None and supported:
+            try:
+                v = fn(a, kw, meta)
+            except Exception:  # noqa: BLE001 -- as in _lower_node
+                v = None
+        if v is None:
+            v = _extern_fx(out, target, args, kwargs, a, kw, slot, metas if metas is not None else meta, metas is not None)
+        vals.append(v)
+    return conv(dec.result)
+
+
+def _extern_fx(out: Lowered, target: Any, args: Any, kwargs: dict, a: Any, kw: dict, slot: int, meta: Any,
+               multi: bool) -> Any:
+    """An op inside a decomposition with no lowering: an extern call with a template built from its FX args."""
+    ins: List[TVal] = []
+    slots: List[int] = []
+
+    def tpl(x: Any, filled: Any) -> Any:
+        if isinstance(filled, TVal):
+            ins.append(filled)
+            return TENSOR
+        if isinstance(x, ScalarRef):
+            slots.append(slot + x.k)
+            return SCALAR_MARKERS[out.scalar_kinds[slot + x.k] if out.scalar_kinds[slot + x.k] in (int, float, bool)
+                                  else float]
+        if isinstance(x, torch.device):
+            return DEVICE
+        if type(x) is tuple and len(x) == 2 and x[0] in ("in", "val") and type(x[1]) is int:
+            raise Unlowerable(f"extern {target} with a non-tensor value argument")
+        if isinstance(x, (list, tuple)):
+            return tuple(tpl(p, q) for p, q in zip(x, filled))
+        return x
+
+    targs = tuple(tpl(x, f) for x, f in zip(args, a))
+    tkw = tuple((k, tpl(kwargs[k], kw[k])) for k in kwargs)
+    return _extern(out, target, targs, tkw, ins, slots, meta, multi)

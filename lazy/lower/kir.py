@@ -1,0 +1,326 @@
+"""The loop-level kernel IR: hash-consed scalar expressions over loop indices, buffers and reductions.
+
+Note [Kernel IR]
+A kernel computes, for every index of an iteration space, a scalar ``Expr``. Expressions are interned (equal
+structure -> the same object, hash computed once), so a value used twice in a kernel is one DAG node and the
+renderer computes it once. Leaves of an expression are ``load`` (a buffer at a flat index expression),
+``const``, ``scalar`` (a runtime scalar argument: never baked into the source, so a new learning rate does not
+recompile), ``var`` (a loop index) and ``reduce`` (the result of a ``Reduction`` at an output index). Index
+arithmetic (``iadd``, ``imul``, ``ifloordiv``, ``imod``) is simplified as it is built, so the index maps of
+views, reshapes and broadcasts (Note [Movement ops are index maps]) fold back to plain strided loads.
+Nothing here knows a backend: renderers (codegen/) turn each op into text through their own tables.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+INDEX = torch.int64
+
+
+class Expr:
+    """One interned node: ``op`` (a name), ``dtype`` (torch dtype of the value) and ``args`` (Exprs or statics)."""
+
+    __slots__ = ("op", "dtype", "args", "_hash", "__weakref__")
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __repr__(self) -> str:
+        return f"{self.op}:{str(self.dtype)[6:]}({', '.join(map(repr, self.args))})"
+
+
+_INTERN: "weakref.WeakValueDictionary[tuple, Expr]" = weakref.WeakValueDictionary()
+
+
+def mk(op: str, dtype: torch.dtype, *args: Any) -> Expr:
+    """The interned expression ``op(args)`` of ``dtype``."""
+    key = (op, dtype, args)
+    e = _INTERN.get(key)
+    if e is None:
+        e = Expr()
+        e.op, e.dtype, e.args, e._hash = op, dtype, args, hash(key)
+        _INTERN[key] = e
+    return e
+
+
+class Buffer:
+    """A tensor in memory: a graph leaf, an extern's output, or a kernel's output. ``strides`` in elements."""
+
+    __slots__ = ("id", "shape", "dtype", "strides", "kind", "__weakref__")
+
+    def __init__(self, id_: int, shape: Sequence[int], dtype: torch.dtype, strides: Optional[Sequence[int]] = None,
+                 kind: str = "temp") -> None:
+        self.id = id_
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.strides = tuple(strides) if strides is not None else contiguous_strides(self.shape)
+        self.kind = kind  # "leaf" | "extern" | "temp" | "output"
+
+    def __repr__(self) -> str:
+        return f"buf{self.id}"
+
+
+class Reduction:
+    """``kind`` over ``red_shape`` for every index of ``out_shape``; ``body(out_idx, red_idx) -> Expr``.
+
+    The body is built once over symbolic out/red variables (``out_vars``/``red_vars``), so equal reductions
+    compare by their body expression."""
+
+    __slots__ = ("kind", "dtype", "acc_dtype", "out_shape", "red_shape", "out_vars", "red_vars", "body",
+                 "_hash", "__weakref__")
+
+    def __init__(self, kind: str, dtype: torch.dtype, acc_dtype: torch.dtype, out_shape: Sequence[int],
+                 red_shape: Sequence[int], fn: Callable[[List[Expr], List[Expr]], Expr]) -> None:
+        self.kind, self.dtype, self.acc_dtype = kind, dtype, acc_dtype
+        self.out_shape, self.red_shape = tuple(out_shape), tuple(red_shape)
+        tag = next(_NAMES)
+        self.out_vars = [var(f"o{tag}_{i}", n) for i, n in enumerate(self.out_shape)]
+        self.red_vars = [var(f"r{tag}_{i}", n) for i, n in enumerate(self.red_shape)]
+        self.body = fn(self.out_vars, self.red_vars)
+        self._hash = hash((kind, dtype, self.out_shape, self.red_shape, self.body))
+
+    def __repr__(self) -> str:
+        return f"Reduction({self.kind}, out={list(self.out_shape)}, red={list(self.red_shape)}, {self.body!r})"
+
+
+_NAMES = itertools.count()
+
+
+def reset_names() -> None:
+    """Restart variable numbering: a compile then names its variables the same way in every process."""
+    global _NAMES
+    _NAMES = itertools.count()
+
+
+def contiguous_strides(shape: Sequence[int]) -> Tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+# ---- leaves -----------------------------------------------------------------------------------------------
+
+def const(value: Any, dtype: torch.dtype) -> Expr:
+    if dtype.is_floating_point:
+        value = float(value)
+    elif dtype is torch.bool:
+        value = bool(value)
+    else:
+        value = int(value)
+    return mk("const", dtype, value)
+
+
+def var(name: str, extent: int) -> Expr:
+    return mk("var", INDEX, name, extent)
+
+
+def scalar(slot: int, dtype: torch.dtype) -> Expr:
+    """The runtime scalar number ``slot`` of the graph, as float64 or int64."""
+    return mk("scalar", dtype, slot)
+
+
+def load(buf: Buffer, index: Sequence[Expr]) -> Expr:
+    flat = const(0, INDEX)
+    for i, s, n in zip(index, buf.strides, buf.shape):
+        if n != 1:
+            flat = iadd(flat, imul(i, s))
+    return mk("load", buf.dtype, buf, flat)
+
+
+def reduce_ref(red: Reduction, index: Sequence[Expr]) -> Expr:
+    return mk("reduce", red.dtype, red, tuple(index))
+
+
+def cast(x: Expr, dtype: torch.dtype) -> Expr:
+    if x.dtype is dtype:
+        return x
+    if x.op == "const":
+        return const(x.args[0], dtype) if not (dtype is torch.bool) else const(x.args[0] != 0, dtype)
+    return mk("cast", dtype, x)
+
+
+def op(name: str, dtype: torch.dtype, *args: Expr) -> Expr:
+    return mk(name, dtype, *args)
+
+
+# ---- index arithmetic (simplified as built) ------------------------------------------------------------------
+
+def _linear(e: Expr) -> Tuple[Dict[Expr, int], int]:
+    if e.op == "const":
+        return {}, e.args[0]
+    if e.op == "iadd":
+        (ta, ca), (tb, cb) = _linear(e.args[0]), _linear(e.args[1])
+        out = dict(ta)
+        for k, v in tb.items():
+            out[k] = out.get(k, 0) + v
+        return {k: v for k, v in out.items() if v}, ca + cb
+    if e.op == "imul" and e.args[1].op == "const":
+        t, c = _linear(e.args[0])
+        k = e.args[1].args[0]
+        return {a: v * k for a, v in t.items() if v * k}, c * k
+    return {e: 1}, 0
+
+
+def _build(terms: Dict[Expr, int], c: int) -> Expr:
+    out: Optional[Expr] = None
+    for atom, k in sorted(terms.items(), key=lambda t: _order(t[0])):
+        term = atom if k == 1 else mk("imul", INDEX, atom, const(k, INDEX))
+        out = term if out is None else mk("iadd", INDEX, out, term)
+    if out is None:
+        return const(c, INDEX)
+    return out if c == 0 else mk("iadd", INDEX, out, const(c, INDEX))
+
+
+def _order(atom: Expr) -> tuple:
+    # NOTE: a deterministic order keeps equal index maps equal objects (and the source stable across processes).
+    return (0, atom.args[0]) if atom.op == "var" else (1, repr(atom))
+
+
+def bounds(e: Expr) -> Tuple[int, int]:
+    """Inclusive (lo, hi) of an index expression."""
+    if e.op == "const":
+        return e.args[0], e.args[0]
+    if e.op == "var":
+        return 0, max(e.args[1] - 1, 0)
+    terms, c = _linear(e)
+    if len(terms) == 1 and c == 0 and terms.get(e) == 1:
+        if e.op == "imod":
+            return 0, e.args[1].args[0] - 1
+        if e.op == "ifloordiv":
+            lo, hi = bounds(e.args[0])
+            k = e.args[1].args[0]
+            return lo // k, hi // k
+        return -(1 << 62), 1 << 62
+    lo = hi = c
+    for atom, k in terms.items():
+        a, b = bounds(atom)
+        lo += min(a * k, b * k)
+        hi += max(a * k, b * k)
+    return lo, hi
+
+
+def iadd(a: Expr, b: Expr) -> Expr:
+    (ta, ca), (tb, cb) = _linear(a), _linear(b)
+    for k, v in tb.items():
+        ta = dict(ta)
+        ta[k] = ta.get(k, 0) + v
+    return _build({k: v for k, v in ta.items() if v}, ca + cb)
+
+
+def imul(a: Expr, k: int) -> Expr:
+    t, c = _linear(a)
+    return _build({x: v * k for x, v in t.items() if v * k}, c * k)
+
+
+def ifloordiv(a: Expr, k: int) -> Expr:
+    if k == 1:
+        return a
+    t, c = _linear(a)
+    keep = {x: v // k for x, v in t.items() if v % k == 0}
+    rest = _build({x: v for x, v in t.items() if v % k}, 0)
+    lo, hi = bounds(rest)
+    # split the constant so the remainder part stays in [0, k)
+    q, r = divmod(c, k)
+    lo, hi = lo + r, hi + r
+    if 0 <= lo and hi < k:
+        return _build(keep, q)
+    if rest.op == "const" and not keep:
+        return const((c + rest.args[0]) // k, INDEX)
+    return mk("ifloordiv", INDEX, a, const(k, INDEX))
+
+
+def imod(a: Expr, k: int) -> Expr:
+    if k == 1:
+        return const(0, INDEX)
+    t, c = _linear(a)
+    rest = _build({x: v % k for x, v in t.items() if v % k}, c % k)
+    lo, hi = bounds(rest)
+    if 0 <= lo and hi < k:
+        return rest
+    return mk("imod", INDEX, rest, const(k, INDEX))
+
+
+def walk(root: Expr) -> List[Expr]:
+    """Every expression reachable from ``root`` (not into reduction bodies), children before parents."""
+    seen: Dict[Expr, None] = {}
+    stack: List[Tuple[Expr, bool]] = [(root, False)]
+    while stack:
+        e, done = stack.pop()
+        if e in seen:
+            continue
+        if done:
+            seen[e] = None
+            continue
+        stack.append((e, True))
+        for a in children(e):
+            if a not in seen:
+                stack.append((a, False))
+    return list(seen)
+
+
+def children(e: Expr) -> List[Expr]:
+    if e.op == "reduce":
+        return list(e.args[1])
+    return [a for a in e.args if type(a) is Expr]
+
+
+def substitute(root: Expr, mapping: Dict[Expr, Expr]) -> Expr:
+    """``root`` with every key of ``mapping`` replaced (index arithmetic re-simplified)."""
+    memo: Dict[Expr, Expr] = dict(mapping)
+    for e in walk(root):
+        if e in memo:
+            continue
+        if e.op == "reduce":
+            memo[e] = reduce_ref(e.args[0], [memo[i] for i in e.args[1]])
+            continue
+        args = tuple(memo[a] if type(a) is Expr else a for a in e.args)
+        if args == e.args:
+            memo[e] = e
+        elif e.op == "iadd":
+            memo[e] = iadd(args[0], args[1])
+        elif e.op == "imul":
+            memo[e] = imul(args[0], args[1].args[0])
+        elif e.op == "ifloordiv":
+            memo[e] = ifloordiv(args[0], args[1].args[0])
+        elif e.op == "imod":
+            memo[e] = imod(args[0], args[1].args[0])
+        else:
+            memo[e] = mk(e.op, e.dtype, *args)
+    return memo[root]
+
+
+def free_vars(root: Expr) -> set:
+    """Loop variables an expression depends on (through reduce indices, not into reduction bodies)."""
+    return {e for e in walk(root) if e.op == "var"}
+
+
+def reduction_body_at(red: Reduction, index: Sequence[Expr]) -> Expr:
+    """The reduction's body with its output variables bound to ``index``."""
+    return substitute(red.body, dict(zip(red.out_vars, index)))
+
+
+def format_expr(root: Expr) -> str:
+    """Readable text of an expression DAG: one line per shared node."""
+    names: Dict[Expr, str] = {}
+    lines = []
+    for e in walk(root):
+        if e.op in ("const", "var", "scalar"):
+            names[e] = str(e.args[0]) if e.op != "scalar" else f"s{e.args[0]}"
+            continue
+        args = ", ".join(names[a] if type(a) is Expr else repr(a) for a in children(e)) if e.op != "load" else \
+            f"{e.args[0]!r}, {names[e.args[1]]}"
+        if e.op == "reduce":
+            args = f"{e.args[0].kind}#{id(e.args[0]) & 0xFFFF:x}, " + args
+        names[e] = f"t{len(lines)}"
+        lines.append(f"  t{len(lines)} = {e.op}({args}) : {str(e.dtype)[6:]}")
+    lines.append(f"  -> {names[root]}")
+    return "\n".join(lines)

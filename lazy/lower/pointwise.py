@@ -1,0 +1,265 @@
+"""Lowering table, pointwise part: ATen/prims op -> expression builder (Note [Lowered values are loaders]).
+
+Each entry takes the op's filled arguments (``TVal`` for tensors, ``ScalarArg`` for runtime numbers, Python
+values for static ones), its keyword arguments and the node's ``(shape, dtype)``, and returns a ``TVal``.
+Arithmetic is done in the node's result dtype (eager's type promotion, recorded in the IR); comparisons in the
+promoted dtype of their operands. Expression op names are the renderer's table keys (codegen/).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict
+
+import torch
+
+from . import kir
+from .values import TVal, Unlowerable, pointwise, promote
+
+LOWERINGS: Dict[str, Callable[..., TVal]] = {}
+
+
+def register(*names: str) -> Callable:
+    def deco(fn: Callable) -> Callable:
+        for name in names:
+            LOWERINGS[name] = fn
+        return fn
+    return deco
+
+
+def _unary(expr_op: str, float_only: bool = False) -> Callable[..., TVal]:
+    def lower(args: list, kwargs: dict, meta: tuple) -> TVal:
+        out = meta[1]
+        if float_only and not out.is_floating_point:
+            raise Unlowerable(f"{expr_op} on {out}")
+        return pointwise(lambda a: kir.op(expr_op, out, a), out, out, args[0])
+    return lower
+
+
+for _name in ("exp", "log", "tanh", "sigmoid", "sqrt", "rsqrt", "sin", "cos", "erf", "log1p", "expm1", "log2",
+              "exp2", "reciprocal", "floor", "ceil", "trunc", "atan", "asin", "acos", "sinh", "cosh", "tan", "erfc",
+              "log10", "round"):
+    register(f"aten.{_name}", f"prims.{_name}")(_unary(_name, float_only=True))
+for _name in ("neg", "abs", "relu", "sign"):
+    register(f"aten.{_name}", f"prims.{_name}")(_unary(_name))
+
+
+def _binary(expr_op: str) -> Callable[..., TVal]:
+    def lower(args: list, kwargs: dict, meta: tuple) -> TVal:
+        out = meta[1]
+        return pointwise(lambda a, b: kir.op(expr_op, out, a, b), out, out, args[0], args[1])
+    return lower
+
+
+register("aten.mul", "prims.mul")(_binary("mul"))
+register("aten.maximum", "prims.maximum", "aten.fmax")(_binary("maximum"))
+register("aten.minimum", "prims.minimum", "aten.fmin")(_binary("minimum"))
+register("aten.fmod", "prims.fmod")(_binary("fmod"))
+register("aten.remainder", "prims.remainder")(_binary("remainder"))
+register("aten.atan2", "prims.atan2")(_binary("atan2"))
+register("aten.floor_divide")(_binary("floordiv"))
+
+
+def _add_sub(which: str, reverse: bool = False) -> Callable[..., TVal]:
+    def lower(args: list, kwargs: dict, meta: tuple) -> TVal:
+        out = meta[1]
+        a, b = args[0], args[1]
+        alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
+        if reverse:
+            a, b = b, a
+        if alpha is None or (type(alpha) in (int, float) and alpha == 1):
+            return pointwise(lambda x, y: kir.op(which, out, x, y), out, out, a, b)
+        return pointwise(lambda x, y, k: kir.op(which, out, x, kir.op("mul", out, k, y)), out, out, a, b, alpha)
+    return lower
+
+
+LOWERINGS["aten.add"] = LOWERINGS["prims.add"] = _add_sub("add")
+LOWERINGS["aten.sub"] = LOWERINGS["prims.sub"] = _add_sub("sub")
+LOWERINGS["aten.rsub"] = _add_sub("sub", reverse=True)
+
+
+@register("aten.div", "aten.true_divide")
+def _div(args: list, kwargs: dict, meta: tuple) -> TVal:
+    out = meta[1]
+    mode = kwargs.get("rounding_mode", args[2] if len(args) > 2 else None)
+    name = {None: "truediv", "trunc": "truncdiv", "floor": "floordiv"}[mode]
+    return pointwise(lambda a, b: kir.op(name, out, a, b), out, out, args[0], args[1])
+
+
+@register("prims.div")
+def _prims_div(args: list, kwargs: dict, meta: tuple) -> TVal:
+    out = meta[1]
+    name = "truediv" if out.is_floating_point else "truncdiv"
+    return pointwise(lambda a, b: kir.op(name, out, a, b), out, out, args[0], args[1])
+
+
+@register("aten.pow", "prims.pow")
+def _pow(args: list, kwargs: dict, meta: tuple) -> TVal:
+    out = meta[1]
+    if not out.is_floating_point:
+        raise Unlowerable(f"integer pow ({out})")
+    return pointwise(lambda a, b: kir.op("pow", out, a, b), out, out, args[0], args[1])
+
+
+def _compare(expr_op: str) -> Callable[..., TVal]:
+    def lower(args: list, kwargs: dict, meta: tuple) -> TVal:
+        compute = promote(args[0], args[1])
+        return pointwise(lambda a, b: kir.op(expr_op, torch.bool, a, b), torch.bool, compute, args[0], args[1])
+    return lower
+
+
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    register(f"aten.{_name}", f"prims.{_name}")(_compare(_name))
+
+
+def _logical(expr_op: str) -> Callable[..., TVal]:
+    def lower(args: list, kwargs: dict, meta: tuple) -> TVal:
+        return pointwise(lambda *xs: kir.op(expr_op, torch.bool, *xs), meta[1], torch.bool, *args[:2])
+    return lower
+
+
+register("aten.logical_and")(_logical("and"))
+register("aten.logical_or")(_logical("or"))
+register("aten.logical_xor")(_logical("ne"))
+register("aten.logical_not")(_logical("not"))
+
+
+@register("aten.bitwise_not")
+def _bitwise_not(args: list, kwargs: dict, meta: tuple) -> TVal:
+    if meta[1] is not torch.bool:
+        raise Unlowerable("bitwise_not on integers")
+    return pointwise(lambda a: kir.op("not", torch.bool, a), torch.bool, torch.bool, args[0])
+
+
+@register("aten.isnan")
+def _isnan(args: list, kwargs: dict, meta: tuple) -> TVal:
+    return pointwise(lambda a: kir.op("ne", torch.bool, a, a), torch.bool, None, args[0])
+
+
+@register("aten.where", "prims.where")
+def _where(args: list, kwargs: dict, meta: tuple) -> TVal:
+    out = meta[1]
+    return pointwise(lambda c, a, b: kir.op("where", out, kir.cast(c, torch.bool), kir.cast(a, out), kir.cast(b, out)),
+                     out, None, *args[:3])
+
+
+@register("aten.masked_fill")
+def _masked_fill(args: list, kwargs: dict, meta: tuple) -> TVal:
+    out = meta[1]
+    return pointwise(lambda x, m, v: kir.op("where", out, kir.cast(m, torch.bool), kir.cast(v, out), kir.cast(x, out)),
+                     out, None, args[0], args[1], args[2])
+
+
+def _clamp_of(kind: str) -> Callable[..., TVal]:
+    def lower(args: list, kwargs: dict, meta: tuple) -> TVal:
+        out = meta[1]
+        if kind == "clamp":
+            lo = kwargs.get("min", args[1] if len(args) > 1 else None)
+            hi = kwargs.get("max", args[2] if len(args) > 2 else None)
+        elif kind == "hardtanh":
+            lo = args[1] if len(args) > 1 else kwargs.get("min_val", -1.0)
+            hi = args[2] if len(args) > 2 else kwargs.get("max_val", 1.0)
+        else:
+            lo, hi = (args[1], None) if kind == "clamp_min" else (None, args[1])
+        xs = [args[0]] + [b for b in (lo, hi) if b is not None]
+
+        def fn(x: kir.Expr, *bs: kir.Expr) -> kir.Expr:
+            it = iter(bs)
+            if lo is not None:
+                x = kir.op("clamp_min", out, x, next(it))
+            if hi is not None:
+                x = kir.op("clamp_max", out, x, next(it))
+            return x
+        return pointwise(fn, out, out, *xs)
+    return lower
+
+
+for _kind in ("clamp", "clamp_min", "clamp_max", "hardtanh"):
+    LOWERINGS[f"aten.{_kind}"] = _clamp_of(_kind)
+
+
+@register("aten.gelu")
+def _gelu(args: list, kwargs: dict, meta: tuple) -> TVal:
+    out = meta[1]
+    approx = kwargs.get("approximate", args[1] if len(args) > 1 else "none")
+    name = "gelu_tanh" if approx == "tanh" else "gelu"
+    if not out.is_floating_point:
+        raise Unlowerable("gelu on integers")
+    return pointwise(lambda a: kir.op(name, out, a), out, out, args[0])
+
+
+@register("aten.silu")
+def _silu(args: list, kwargs: dict, meta: tuple) -> TVal:
+    out = meta[1]
+    return pointwise(lambda a: kir.op("mul", out, a, kir.op("sigmoid", out, a)), out, out, args[0])
+
+
+@register("aten.square")
+def _square(args: list, kwargs: dict, meta: tuple) -> TVal:
+    out = meta[1]
+    return pointwise(lambda a: kir.op("mul", out, a, a), out, out, args[0])
+
+
+@register("aten.lerp")
+def _lerp(args: list, kwargs: dict, meta: tuple) -> TVal:
+    out = meta[1]
+    return pointwise(lambda a, b, w: kir.op("lerp", out, a, b, w), out, out, *args[:3])
+
+
+def _addc_of(which: str) -> Callable[..., TVal]:
+    def lower(args: list, kwargs: dict, meta: tuple) -> TVal:
+        out = meta[1]
+        if which == "truediv" and not out.is_floating_point:
+            raise Unlowerable("integer addcdiv")
+        value = kwargs.get("value", args[3] if len(args) > 3 else 1)
+        return pointwise(lambda s, a, b, v: kir.op("add", out, s, kir.op("mul", out, v, kir.op(which, out, a, b))),
+                         out, out, args[0], args[1], args[2], value)
+    return lower
+
+
+LOWERINGS["aten.addcmul"] = _addc_of("mul")
+LOWERINGS["aten.addcdiv"] = _addc_of("truediv")
+
+
+# ---- casts, copies and constants -------------------------------------------------------------------------------
+
+@register("aten._to_copy", "prims.convert_element_type", "aten.clone", "aten.alias", "aten.lift_fresh_copy",
+          "aten.detach", "aten.contiguous", "aten.to", "aten._conj", "aten.positive")
+def _copy(args: list, kwargs: dict, meta: tuple) -> TVal:
+    x = args[0]
+    if not isinstance(x, TVal):
+        raise Unlowerable("copy of a non-tensor")
+    out = meta[1]
+    return pointwise(lambda a: a, out, out, x)
+
+
+@register("aten.copy")
+def _copy_into(args: list, kwargs: dict, meta: tuple) -> TVal:
+    out = meta[1]
+    dst, src = args[0], args[1]
+    return pointwise(lambda d, s: s, out, out, dst, src)
+
+
+def _full_value(shape: tuple, out: torch.dtype, value: Any) -> TVal:
+    return pointwise(lambda v: v, out, out, value) if not shape else \
+        TVal(shape, out, lambda idx, ld=pointwise(lambda v: v, out, out, value): ld(()))
+
+
+def _full_of(which: str) -> Callable[..., TVal]:
+    def lower(args: list, kwargs: dict, meta: tuple) -> TVal:
+        shape, out = meta
+        if which in ("full", "fill", "new_full"):
+            value = args[1] if which != "new_full" else args[2]
+        elif which == "full_like":
+            value = args[1]
+        elif which == "scalar_tensor":
+            value = args[0]
+        elif which in ("ones", "ones_like", "new_ones"):
+            value = 1
+        else:
+            value = 0
+        return _full_value(tuple(shape), out, value)
+    return lower
+
+
+for _kind in ("full", "full_like", "fill", "scalar_tensor", "zeros", "ones", "zeros_like", "ones_like", "empty_like",
+              "empty", "new_zeros", "new_ones", "new_full", "new_empty", "empty_strided", "new_empty_strided"):
+    LOWERINGS[f"aten.{_kind}"] = _full_of(_kind)

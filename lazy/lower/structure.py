@@ -1,0 +1,224 @@
+"""Lowering table, structural part: movement ops as index maps and reductions.
+
+Note [Movement ops are index maps]
+view/reshape/permute/transpose/expand/slice/select/squeeze/unsqueeze/broadcast never copy: each returns a
+``TVal`` whose loader rewrites the index and calls its input's loader. Reshape goes through the flat row-major
+index; kir's index simplification folds ``(i*C + j) // C`` back to ``i``, so merged or split contiguous dims
+stay plain strided loads.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, List, Sequence
+
+import torch
+
+from . import kir, values
+from .pointwise import LOWERINGS, register
+from .values import TVal, Unlowerable, check_dtype, norm_dim
+
+ZERO = kir.const(0, kir.INDEX)
+
+
+def _view(args: list, kwargs: dict, meta: tuple) -> TVal:
+    x, shape = args[0], tuple(meta[0])
+    if not isinstance(x, TVal) or (len(args) > 1 and isinstance(args[1], torch.dtype)):
+        raise Unlowerable("view of a non-tensor, or a dtype view (reinterprets bits)")
+    if shape == x.shape:
+        return x
+    out_strides = kir.contiguous_strides(shape)
+    in_strides = kir.contiguous_strides(x.shape)
+
+    def fn(idx: Sequence[kir.Expr]) -> kir.Expr:
+        flat = ZERO
+        for i, s, n in zip(idx, out_strides, shape):
+            if n != 1:
+                flat = kir.iadd(flat, kir.imul(i, s))
+        return x([ZERO if n == 1 else kir.imod(kir.ifloordiv(flat, s), n) for s, n in zip(in_strides, x.shape)])
+
+    return TVal(shape, x.dtype, fn)
+
+
+for _name in ("view", "_unsafe_view", "reshape", "squeeze", "unsqueeze", "expand_dims", "flatten", "unflatten",
+              "view_as", "reshape_as", "squeeze_copy", "unsqueeze_copy", "view_copy", "_reshape_alias"):
+    LOWERINGS[f"aten.{_name}"] = _view
+LOWERINGS["prims.reshape"] = LOWERINGS["prims.squeeze"] = _view
+
+
+@register("aten.permute", "prims.transpose", "aten.permute_copy")
+def _permute(args: list, kwargs: dict, meta: tuple) -> TVal:
+    x = args[0]
+    dims = [norm_dim(d, len(x.shape)) for d in args[1]]
+    inv = [0] * len(dims)
+    for i, d in enumerate(dims):
+        inv[d] = i
+    return TVal(meta[0], x.dtype, lambda idx: x([idx[inv[k]] for k in range(len(dims))]))
+
+
+@register("aten.t", "aten.transpose", "aten.swapaxes", "aten.numpy_T")
+def _transpose(args: list, kwargs: dict, meta: tuple) -> TVal:
+    x = args[0]
+    nd = len(x.shape)
+    if nd < 2:
+        return x
+    a, b = (norm_dim(args[1], nd), norm_dim(args[2], nd)) if len(args) > 2 else (0, 1)
+    perm = list(range(nd))
+    perm[a], perm[b] = perm[b], perm[a]
+    return TVal(meta[0], x.dtype, lambda idx: x([idx[perm[k]] for k in range(nd)]))
+
+
+@register("aten.expand", "aten.expand_as", "aten.broadcast_to", "aten.expand_copy")
+def _expand(args: list, kwargs: dict, meta: tuple) -> TVal:
+    x = args[0]
+    shape = tuple(meta[0])
+    off = len(shape) - len(x.shape)
+    return TVal(shape, x.dtype, lambda idx: x([ZERO if n == 1 else idx[off + d] for d, n in enumerate(x.shape)]))
+
+
+@register("prims.broadcast_in_dim")
+def _broadcast_in_dim(args: list, kwargs: dict, meta: tuple) -> TVal:
+    x, shape, bdims = args[0], tuple(args[1]), list(args[2])
+    return TVal(shape, x.dtype, lambda idx: x([ZERO if n == 1 else idx[bdims[k]] for k, n in enumerate(x.shape)]))
+
+
+@register("aten.slice", "aten.slice_copy")
+def _slice(args: list, kwargs: dict, meta: tuple) -> TVal:
+    x = args[0]
+    nd = len(x.shape)
+    dim = norm_dim(args[1] if len(args) > 1 else kwargs.get("dim", 0), nd)
+    start = args[2] if len(args) > 2 else kwargs.get("start")
+    step = args[4] if len(args) > 4 else kwargs.get("step", 1)
+    size = x.shape[dim]
+    start = 0 if start is None else start
+    if not isinstance(start, int) or not isinstance(step, int):
+        raise Unlowerable("slice with runtime bounds")
+    start = start + size if start < 0 else start
+    start = min(max(start, 0), size)
+
+    def fn(idx: Sequence[kir.Expr]) -> kir.Expr:
+        idx = list(idx)
+        idx[dim] = kir.iadd(kir.imul(idx[dim], step), kir.const(start, kir.INDEX))
+        return x(idx)
+
+    return TVal(meta[0], x.dtype, fn)
+
+
+@register("aten.select", "aten.select_copy")
+def _select(args: list, kwargs: dict, meta: tuple) -> TVal:
+    x = args[0]
+    dim = norm_dim(args[1], len(x.shape))
+    index = args[2]
+    if not isinstance(index, int):
+        raise Unlowerable("select with a runtime index")
+    index = index + x.shape[dim] if index < 0 else index
+    c = kir.const(index, kir.INDEX)
+    return TVal(meta[0], x.dtype, lambda idx: x(list(idx[:dim]) + [c] + list(idx[dim:])))
+
+
+# ---- reductions --------------------------------------------------------------------------------------------------
+
+def _dims(x: TVal, dims: Any) -> List[int]:
+    nd = len(x.shape)
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(nd))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted({norm_dim(d, nd) for d in dims}) if nd else []
+
+
+def reduce(kind: str, x: TVal, dims: List[int], keepdim: bool, out: torch.dtype,
+           body: Callable[[kir.Expr], kir.Expr] = lambda e: e) -> TVal:
+    """``kind`` ('sum'|'max'|'min'|'prod') of ``body(x)`` over ``dims``; the result is a lazy ``reduce`` ref."""
+    check_dtype(out)
+    kept = [d for d in range(len(x.shape)) if d not in dims]
+    red_shape = [x.shape[d] for d in dims]
+    out_shape = [x.shape[d] for d in kept]
+    if kind in ("max", "min"):
+        acc = out
+    elif out.is_floating_point:
+        acc = torch.float64  # NOTE: float sums accumulate in double: sound without pairwise summation.
+    else:
+        acc = torch.int64
+
+    def red_body(ov: List[kir.Expr], rv: List[kir.Expr]) -> kir.Expr:
+        idx: List[kir.Expr] = [ZERO] * len(x.shape)
+        for d, v in zip(kept, ov):
+            idx[d] = v
+        for d, v in zip(dims, rv):
+            idx[d] = v
+        return kir.cast(body(kir.cast(x(idx), out)), acc)
+
+    red = kir.Reduction(kind, out, acc, out_shape, red_shape, red_body)
+    rv = set(red.red_vars)
+    if any(e.op == "reduce" and any(kir.free_vars(i) & rv for i in e.args[1]) for e in kir.walk(red.body)):
+        # NOTE: the input reads another reduction at an index that moves with this one's reduction loop: store
+        # the input first, so every kernel only nests reductions indexed by its outer loop (schedule/).
+        x = values.REALIZE(x)
+        red = kir.Reduction(kind, out, acc, out_shape, red_shape, red_body)
+    final_shape = [1 if d in dims else n for d, n in enumerate(x.shape)] if keepdim else out_shape
+
+    def fn(idx: Sequence[kir.Expr]) -> kir.Expr:
+        if keepdim:
+            idx = [i for d, i in enumerate(idx) if d not in dims]
+        return kir.reduce_ref(red, idx)
+
+    return TVal(final_shape, out, fn)
+
+
+def _reduction(kind: str, mean: bool = False) -> Callable[..., TVal]:
+    def lower(args: list, kwargs: dict, meta: tuple) -> TVal:
+        x = args[0]
+        dims = args[1] if len(args) > 1 and not isinstance(args[1], (torch.dtype, bool)) else kwargs.get("dim")
+        keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+        out = meta[1]
+        d = _dims(x, dims)
+        r = reduce(kind, x, d, bool(keepdim), out)
+        if not mean:
+            return r
+        n = 1
+        for k in d:
+            n *= x.shape[k]
+        c = kir.const(n, out)
+        return TVal(r.shape, out, lambda idx: kir.op("truediv", out, r(idx), c))
+    return lower
+
+
+LOWERINGS["aten.sum"] = LOWERINGS["prims.sum"] = _reduction("sum")
+LOWERINGS["aten.mean"] = _reduction("sum", mean=True)
+LOWERINGS["aten.prod"] = LOWERINGS["prims.prod"] = _reduction("prod")
+LOWERINGS["aten.amax"] = LOWERINGS["prims.amax"] = _reduction("max")
+LOWERINGS["aten.amin"] = LOWERINGS["prims.amin"] = _reduction("min")
+
+
+def _extremum(kind: str) -> Callable[..., TVal]:
+    def lower(args: list, kwargs: dict, meta: tuple) -> TVal:
+        if len(args) > 1 or meta[0] is None:
+            raise Unlowerable(f"{kind} with a dim or another tensor")
+        return reduce(kind, args[0], _dims(args[0], None), False, meta[1])
+    return lower
+
+
+LOWERINGS["aten.max"] = _extremum("max")
+LOWERINGS["aten.min"] = _extremum("min")
+
+
+@register("prims.var")
+def _var(args: list, kwargs: dict, meta: tuple) -> TVal:
+    """Two passes (mean, then the sum of squared deviations): sound in float without Welford."""
+    x, dims = args[0], _dims(args[0], args[1])
+    correction = args[2] if len(args) > 2 else kwargs.get("correction", 0)
+    if not isinstance(correction, (int, float)):
+        raise Unlowerable("var with a runtime correction")
+    out = meta[1]
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    total = reduce("sum", x, dims, True, out)
+    nc = kir.const(n, torch.float64)
+    mean = TVal(total.shape, torch.float64, lambda idx: kir.op("truediv", torch.float64, total(idx), nc))
+    off = len(x.shape) - len(mean.shape)
+    centered = TVal(x.shape, torch.float64, lambda idx: kir.op("sub", torch.float64, kir.cast(x(idx), torch.float64),
+                                                               mean([ZERO if m == 1 else idx[off + k]
+                                                                     for k, m in enumerate(mean.shape)])))
+    sq = reduce("sum", centered, dims, False, torch.float64, lambda e: kir.op("mul", torch.float64, e, e))
+    denom = kir.const(max(n - correction, 0), torch.float64)
+    return TVal(sq.shape, out, lambda idx: kir.cast(kir.op("truediv", torch.float64, sq(idx), denom), out))

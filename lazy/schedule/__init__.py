@@ -1,0 +1,194 @@
+"""Scheduling: kernel-IR steps -> fused kernels, their order and the buffer plan. Backend agnostic.
+
+Note [Fusion by loop nest]
+Lowering already inlined every pointwise and movement op into its consumers (Note [Lowered values are loaders]),
+so a ``Store`` is one pointwise kernel with its whole producer chain and no stored intermediate. The scheduler
+then (1) gives each kernel a loop nest: the loop variables that the indices of its reductions depend on become
+the *outer* loops, and each reduction (with the reductions its body reads, nested) is computed once per outer
+iteration as a *stage*, before the *inner* loops that store the results: softmax or layer norm is one kernel
+whose row loop runs max, sum and the normalized store; (2) merges consecutive stores of the same shape that do
+not read each other into one kernel (horizontal fusion); (3) plans buffers: which step defines each one and after
+which step it is dead. A backend is asked for its limits through ``Limits``; the scheduler never imports one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..lower import kir
+from ..lower.graph import Extern, Lowered, Store
+from ..lower.kir import Expr
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a backend can take: buffers per kernel and the work below which a kernel runs serially."""
+    max_buffers: int = 64
+    parallel_threshold: int = 1 << 15
+
+
+class Stage:
+    """One reduction computed per outer iteration: ``ref`` (the reduce expression it defines) and ``body`` (its
+    element expression over the outer and its own reduction variables)."""
+
+    __slots__ = ("ref", "red", "body")
+
+    def __init__(self, ref: Expr, red: kir.Reduction, body: Expr) -> None:
+        self.ref, self.red, self.body = ref, red, body
+
+
+class Kernel:
+    """A loop nest: ``outer`` loops, then ``stages``, then ``inner`` loops storing ``stores`` (buffer, index, value)."""
+
+    __slots__ = ("name", "outer", "inner", "stages", "stores", "work", "parallel")
+
+    def __init__(self, name: str, outer: List[Expr], inner: List[Expr], stages: List[Stage],
+                 stores: List[Tuple[kir.Buffer, Expr, Expr]], work: int, parallel: bool) -> None:
+        self.name, self.outer, self.inner, self.stages, self.stores = name, outer, inner, stages, stores
+        self.work, self.parallel = work, parallel
+
+    def buffers(self) -> List[kir.Buffer]:
+        found: Dict[int, kir.Buffer] = {}
+        roots = [v for _, _, v in self.stores] + [s.body for s in self.stages]
+        for root in roots:
+            for e in kir.walk(root):
+                if e.op == "load":
+                    found[e.args[0].id] = e.args[0]
+        for b, _, _ in self.stores:
+            found[b.id] = b
+        return [found[k] for k in sorted(found)]
+
+
+class Schedule:
+    """Steps (``Kernel`` or ``Extern``) in order, with each buffer's last use (step index), and the outputs."""
+
+    def __init__(self, lowered: Lowered, steps: List[Any]) -> None:
+        self.lowered = lowered
+        self.steps = steps
+        self.kernels = [s for s in steps if isinstance(s, Kernel)]
+        self.last_use: Dict[int, int] = {}
+        for i, step in enumerate(steps):
+            used = step.buffers() if isinstance(step, Kernel) else step.inputs
+            for b in used:
+                self.last_use[b.id] = i
+        keep = {b.id for b in lowered.outputs}
+        self.frees: Dict[int, List[int]] = {}
+        for b, i in self.last_use.items():
+            if b not in keep:
+                self.frees.setdefault(i, []).append(b)
+
+
+def schedule(lowered: Lowered, limits: Limits = Limits()) -> Schedule:
+    """The pipeline's fuse + plan passes (Note [Fusion by loop nest])."""
+    groups = _merge_horizontal(lowered.steps, limits)
+    steps: List[Any] = []
+    for g in groups:
+        if isinstance(g, Extern):
+            steps.append(g)
+        else:
+            steps.append(_kernel(f"k{len(steps)}", g, limits))
+    return Schedule(lowered, steps)
+
+
+def _loads(root: Expr) -> set:
+    """Buffers an expression reads, including inside the bodies of the reductions it uses."""
+    found, todo, seen = set(), [root], set()
+    while todo:
+        e = todo.pop()
+        for x in kir.walk(e):
+            if x.op == "load":
+                found.add(x.args[0].id)
+            elif x.op == "reduce" and x.args[0] not in seen:
+                seen.add(x.args[0])
+                todo.append(x.args[0].body)
+    return found
+
+
+def _merge_horizontal(steps: List[Any], limits: Limits) -> List[Any]:
+    out: List[Any] = []
+    for step in steps:
+        if isinstance(step, Store) and out and isinstance(out[-1], list):
+            group = out[-1]
+            first = group[0]
+            written = {s.buffer.id for s in group}
+            if step.buffer.shape == first.buffer.shape and not (_loads(step.expr) & written) \
+                    and len(group) < limits.max_buffers // 4:
+                group.append(step)
+                continue
+        out.append([step] if isinstance(step, Store) else step)
+    return out
+
+
+def _kernel(name: str, group: List[Store], limits: Limits) -> Kernel:
+    vars_ = group[0].vars
+    values = []
+    for st in group:
+        e = st.expr if st.vars is vars_ else kir.substitute(st.expr, dict(zip(st.vars, vars_)))
+        values.append((st.buffer, e))
+    refs: List[Expr] = []
+    for _, e in values:
+        refs.extend(x for x in kir.walk(e) if x.op == "reduce" and x not in refs)
+    dep = set()
+    for r in refs:
+        for i in r.args[1]:
+            dep |= kir.free_vars(i)
+    outer = [v for v in vars_ if v in dep]
+    inner = [v for v in vars_ if v not in dep]
+    stages: List[Stage] = []
+    seen: Dict[Expr, None] = {}
+
+    def visit(ref: Expr) -> None:
+        if ref in seen:
+            return
+        seen[ref] = None
+        red, index = ref.args
+        body = kir.reduction_body_at(red, index)
+        for x in kir.walk(body):
+            if x.op == "reduce":
+                visit(x)
+        stages.append(Stage(ref, red, body))
+
+    for r in refs:
+        visit(r)
+    n = 1
+    for v in vars_:
+        n *= v.args[1]
+    work = n
+    for s in stages:
+        m = 1
+        for k in s.red.red_shape:
+            m *= k
+        outer_n = 1
+        for v in outer:
+            outer_n *= v.args[1]
+        work += m * outer_n
+    stores = []
+    for buf, e in values:
+        idx = kir.const(0, kir.INDEX)
+        for v, s in zip(vars_, buf.strides):
+            idx = kir.iadd(idx, kir.imul(v, s))
+        stores.append((buf, idx, e))
+    first = (outer or inner)
+    parallel = work >= limits.parallel_threshold and bool(first) and first[0].args[1] > 1
+    return Kernel(name, outer, inner, stages, stores, work, parallel)
+
+
+def format_schedule(sched: Schedule) -> str:
+    """The fused kernel IR as text (what LAZY_DUMP_DIR writes next to the source)."""
+    lines = []
+    for step in sched.steps:
+        if isinstance(step, Extern):
+            ins = ", ".join(map(repr, step.inputs))
+            outs = ", ".join(map(repr, step.outputs))
+            lines.append(f"extern {step.name}({ins}) -> {outs}")
+            continue
+        loops = lambda vs: " ".join(f"{v.args[0]}<{v.args[1]}" for v in vs)  # noqa: E731
+        lines.append(f"kernel {step.name}: outer[{loops(step.outer)}] inner[{loops(step.inner)}] "
+                     f"work={step.work} parallel={step.parallel}")
+        for s in step.stages:
+            lines.append(f" stage {s.red.kind} over {list(s.red.red_shape)}:")
+            lines.append(kir.format_expr(s.body))
+        for buf, _, e in step.stores:
+            lines.append(f" store {buf!r} {buf.dtype} {list(buf.shape)}:")
+            lines.append(kir.format_expr(e))
+    return "\n".join(lines)

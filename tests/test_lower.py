@@ -1,0 +1,158 @@
+"""Lowering to kernel IR, checked against eager CPU through the cpp backend. Checks are batched: each ``check``
+call compiles one graph with many outputs, since every C++ compile costs a fraction of a second."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lazy
+from lazy.debug import metrics
+
+
+@pytest.fixture(autouse=True, scope="module")
+def cpp_backend(tmp_path_factory):
+    with lazy.config.override(compiler="cpp", cache_dir=str(tmp_path_factory.mktemp("lazy-cache"))):
+        yield
+
+
+def check(fn, *inputs, atol=None, rtol=None, compiles=1):
+    """``fn`` (returning a list of tensors) on eager inputs and on lazy copies, in one graph; compare all."""
+    want = fn(*inputs)
+    lz = fn(*[x.to("lazy") for x in inputs])
+    before = metrics.counter("compiles")
+    lazy.mark_step()
+    got = [t.cpu() for t in lz]
+    assert metrics.counter("compile_fallback") == 0
+    assert metrics.counter("compiles") - before == compiles
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.dtype == w.dtype and g.shape == w.shape, (i, g.dtype, w.dtype, g.shape, w.shape)
+        torch.testing.assert_close(g, w, atol=atol, rtol=rtol, equal_nan=True, msg=lambda m: f"output {i}: {m}")
+
+
+def float_ops(x, y):
+    a = y.abs() + 0.5
+    return [x + y, x - y * 2.5, x * y, x / a, -x, x.relu(), x.exp(), a.log(), x.tanh(), x.sigmoid(), a.sqrt(),
+            a.rsqrt(), x.abs(), a.pow(1.7), torch.where(x > y, x, y), (x > y), (x >= 0.5), x == y, x != y, x < y,
+            x <= y, x.to(torch.int64), x.double(), x.clamp(-0.5, 0.5), x.clamp(min=0.1), torch.maximum(x, y),
+            torch.minimum(x, y), F.gelu(x), F.gelu(x, approximate="tanh"), F.silu(x), x // a, x % a,
+            torch.fmod(x, a), torch.div(x, a, rounding_mode="trunc"), torch.div(x, a, rounding_mode="floor"),
+            x.floor(), x.ceil(), x.round(), x.trunc(), x.erf(), x.sin(), x.cos(), x.expm1(), a.log1p(), x.sign(),
+            1 - x, 2 ** x, x.reciprocal(), torch.lerp(x, y, 0.3), torch.addcmul(x, x, y, value=0.5),
+            torch.addcdiv(x, x, a, value=2), x.masked_fill(x > 0, 3.0), F.hardtanh(x), F.leaky_relu(x, 0.1),
+            F.softplus(x), F.elu(x), x.square(), torch.isnan(x)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_pointwise_float(dtype):
+    torch.manual_seed(0)
+    x = torch.randn(6, 7, dtype=dtype)
+    check(float_ops, x, torch.randn(6, 7, dtype=dtype))
+
+
+def test_pointwise_shapes_noncontiguous_broadcast():
+    torch.manual_seed(1)
+    cases = [
+        (torch.randn(0, 3), torch.randn(0, 3)),                      # 0-size
+        (torch.randn(1), torch.randn(1)),                             # 1 element
+        (torch.randn(5, 4).t(), torch.randn(4, 5)),                   # non-contiguous
+        (torch.randn(3, 1), torch.randn(1, 4)),                       # broadcast both ways
+        (torch.randn(2, 3, 4)[:, 1:, ::2], torch.randn(4, 2, 2).permute(1, 2, 0)[..., :2]),  # sliced, strided
+        (torch.randn(()), torch.randn(3, 2)),                         # 0-dim with a tensor
+        (torch.randn(8)[2:6], torch.tensor(2.0).expand(4)),           # storage offset, stride 0
+    ]
+    flat = [t for pair in cases for t in pair]
+
+    def fn(*ts):
+        outs = []
+        for x, y in zip(ts[::2], ts[1::2]):
+            outs += [x * y + 1, (x - y).exp().relu(), torch.where(x > 0, x, y * 2), (x + y).sum(), x.sigmoid() * y]
+        return outs
+    check(fn, *flat)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_pointwise_int(dtype):
+    torch.manual_seed(2)
+    x = torch.randint(-20, 20, (5, 6), dtype=dtype)
+    y = torch.randint(1, 7, (5, 6), dtype=dtype) * torch.where(torch.rand(5, 6) > 0.5, 1, -1).to(dtype)
+    check(lambda x, y: [x + y, x - y, x * y, -x, x.abs(), x // y, x % y, torch.div(x, y, rounding_mode="trunc"),
+                        torch.fmod(x, y), x / y, x > y, x == 3, torch.maximum(x, y), torch.minimum(x, y),
+                        torch.where(x > 0, x, y), x.relu(), x * 2.5, x + 1, x.float(), x.clamp(-3, 4),
+                        x.sum(), x.sum(1), x.amax(0), x.amin(), x.sign(), x.to(torch.int8) * 9, x.exp()], x, y)
+
+
+def test_bool_and_int8():
+    torch.manual_seed(3)
+    a, b = torch.rand(4, 5) > 0.5, torch.rand(4, 5) > 0.3
+    i8 = torch.randint(-100, 100, (4, 5), dtype=torch.int8)
+    check(lambda a, b, i8: [a & b, a | b, a ^ b, ~a, a.logical_not(), a.sum(), a.sum(0), a + b, a * b, a.int() + 1,
+                            i8 + i8, i8 * 3, i8.sum(), torch.where(a, i8, 0)], a, b, i8)
+
+
+def test_integer_division_by_zero_raises():
+    x = torch.tensor([1, 2, 3]).to("lazy")
+    with pytest.raises((ZeroDivisionError, RuntimeError)):
+        (x // torch.tensor([1, 0, 1]).to("lazy")).cpu()
+
+
+def test_nan_propagation():
+    x = torch.tensor([[1.0, float("nan"), -2.0], [0.5, 0.25, float("inf")]])
+    y = torch.tensor([[0.0, 1.0, float("nan")], [-1.0, 2.0, 3.0]])
+    check(lambda x, y: [x.amax(1), x.amin(0), x.sum(1), torch.maximum(x, y), torch.minimum(x, y), x.relu(),
+                        x.clamp(0, 1), x.max(), y.min(), torch.where(x != x, 0.0, x)], x, y)
+
+
+def test_movement_ops_are_index_maps():
+    torch.manual_seed(4)
+    x = torch.randn(2, 3, 4)
+    check(lambda x: [x.view(6, 4) * 2, x.reshape(4, 6) + 1, x.permute(2, 0, 1) * 1, x.transpose(0, 2).exp(),
+                     x[:, 1:, ::2] - 1, x.select(1, 2) * 3, x[:, -1] * 1, x.unsqueeze(1).expand(2, 5, 3, 4) * 1,
+                     x.reshape(24)[3:20:3] + 0, x.view(2, 12).t().reshape(3, 8) * 1, x[:1].squeeze(0) + 1,
+                     x.flatten() * 2, x.reshape(2, 3, 2, 2).permute(3, 2, 1, 0).reshape(12, 2) + 0,
+                     x.mT.contiguous() * 1], x)
+
+
+def test_reductions():
+    torch.manual_seed(5)
+    x = torch.randn(4, 5, 6, dtype=torch.float64)
+    f = torch.randn(3, 1000)
+    check(lambda x, f: [x.sum(), x.sum(1), x.sum((0, 2), keepdim=True), x.mean(-1), x.mean((0, 1)), x.amax(2),
+                        x.amin((1, 2), keepdim=True), x.var(1), x.std((0, 2)), x.var(1, correction=0),
+                        x.prod(2), x.max(), x.min(), x.sum(0).exp().sum(), x.norm(), torch.var_mean(x, 2)[0],
+                        f.sum(1), f.mean(), (f * 1e4).sum(), f.var(1), torch.logsumexp(f, 1),
+                        x.permute(2, 0, 1).sum(0), (x - x.mean(1, keepdim=True)).sum(2)], x, f)
+
+
+def test_reductions_edge_shapes():
+    e = torch.randn(0, 4)
+    one = torch.randn(1, 1)
+    check(lambda e, one: [e.sum(0), e.sum(), e.sum(1), one.sum(), one.amax(1), one.mean(0), e.sum(0) + 1,
+                          one.var(1, correction=0), e.exp()], e, one)
+
+
+def test_composites_decompose():
+    torch.manual_seed(6)
+    x = torch.randn(8, 16)
+    w, b = torch.randn(16), torch.randn(16)
+    check(lambda x, w, b: [x.softmax(-1), x.log_softmax(1), x.softmax(0), F.layer_norm(x, (16,), w, b),
+                           F.layer_norm(x, (16,)), torch.logsumexp(x, -1)], x, w, b)
+
+
+def test_runtime_scalars_do_not_recompile():
+    torch.manual_seed(7)
+    x0 = torch.randn(16, 16)
+    x = x0.to("lazy")
+    lazy.mark_step()
+    metrics.reset()
+    for lr in (0.1, 0.01, 0.5):
+        y = (x * lr + lr).exp() - lr
+        torch.testing.assert_close(y.cpu(), (x0 * lr + lr).exp() - lr)
+    assert metrics.counter("compiles") == 1 and metrics.counter("graph_cache.hit") == 2
+
+
+def test_externs_inside_graph():
+    torch.manual_seed(8)
+    x, w = torch.randn(6, 5), torch.randn(5, 4)
+    check(lambda x, w: [(x @ w).relu() + 1, x.sort(1)[0] * 2, x.cumsum(0).exp(), x.index_select(0, torch.tensor(
+        [0, 2, 2], device=x.device)) - 1, torch.cat([x, x * 2]).sum(0), x.half().float() + 1, F.pad(x, (1, 1)) * 3,
+        x.argmax(1), x.max(1).values * 1, torch.bmm(x[None], w[None])[0].tanh()], x, w)
+    assert metrics.counter("extern.aten.mm.default") >= 1
