@@ -4,7 +4,8 @@ For each OpInfo and dtype (float32, int64, where the OpInfo supports it on CPU) 
 sample with ``LAZY_CONFORMANCE_ALL=1``, a slow run: ``-m slow``) runs eagerly on CPU, then on lazy copies; every
 tensor output is synced with ``.cpu()`` and compared with ``assert_close`` (dtype and shape included). The
 in-place variant, where one exists and eager accepts the sample, is compared through the mutated input. Random
-ops compare only shape and dtype. Pairs eager rejects are skipped and not counted.
+ops compare only shape and dtype. So does the ``out=`` form, where the OpInfo supports it. Pairs eager rejects
+are skipped and not counted.
 
 Known failures live in ``conformance_known_failures.py``; a known failure may raise, never return a wrong value.
 The last test prints the pass rate of the pairs eager accepts and, on a full run, asserts it.
@@ -142,11 +143,16 @@ def _run_lazy(fn, pristine):
 def _lazy_call(fn, pristine):
     sample = _lazy_sample(pristine)
     # A factory sample with no tensor and no device (arange(3)) computes on the default device, as in eager.
-    on_lazy = any(lazy.is_lazy(v) or v == "lazy" for v in tree_flatten(sample, is_leaf=_is_leaf)[0]
-                  if isinstance(v, (torch.Tensor, str)))
+    on_lazy = _on_lazy(sample)
     with _lazy_mark_step_shim():
         out = _call(fn, sample)
     return _sync(out, on_lazy), _sync(sample[0], on_lazy)
+
+
+def _on_lazy(sample) -> bool:
+    """Whether the sample holds a lazy tensor or names the lazy device."""
+    return any(lazy.is_lazy(v) or v == "lazy" for v in tree_flatten(sample, is_leaf=_is_leaf)[0]
+               if isinstance(v, (torch.Tensor, str)))
 
 
 @contextlib.contextmanager
@@ -174,17 +180,41 @@ def _check_sample(op, sample, random: bool) -> bool:
         return False
     got, _ = _run_lazy(op, pristine)
     _compare(got, want, random, full_name(op))
+    _check_inplace(op, pristine, random)
+    _check_out(op, pristine, want, random)
+    return True
+
+
+def _check_inplace(op, pristine, random: bool) -> None:
     inplace = op.get_inplace()
     if inplace is None:
-        return True
+        return
     eager_sample = tree_map(_clone, pristine, is_leaf=_is_leaf)
     try:
         _call(inplace, eager_sample)
     except Exception:  # noqa: BLE001 - eager rejects the in-place form (dtype, broadcast): nothing to compare
-        return True
+        return
     _, mutated = _run_lazy(inplace, pristine)
     _compare(mutated, eager_sample[0], random, f"{full_name(op)}_ (in-place, mutated input)")
-    return True
+
+
+def _check_out(op, pristine, want, random: bool) -> None:
+    """The ``out=`` form, into tensors of the right size, where the OpInfo supports it and eager accepts it."""
+    flat, _ = tree_flatten(want)
+    if not op.supports_out or not flat or not all(isinstance(t, torch.Tensor) for t in flat):
+        return
+
+    def with_out(inp, *args, **kwargs):
+        device = "lazy" if _on_lazy((inp, args, kwargs)) else "cpu"
+        out = tree_map(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device), want)
+        return op(inp, *args, **kwargs, out=out)
+
+    try:
+        expected = _call(with_out, tree_map(_clone, pristine, is_leaf=_is_leaf))
+    except Exception:  # noqa: BLE001 - eager rejects out= here (the OpInfo's op may take no out): nothing to compare
+        return
+    got, _ = _run_lazy(with_out, pristine)
+    _compare(got, expected, random, f"{full_name(op)} (out=)")
 
 
 def _samples(op, dtype):

@@ -101,3 +101,34 @@ def test_fallback_runs_with_eager_dispatch_keys():
     torch.testing.assert_close(torch.masked_select(lz.conj(), lz.real > 0).cpu(),
                                torch.masked_select(z.conj(), z.real > 0))
     assert lazy.metrics.counter("sync.data_dependent") >= 1
+
+
+def test_out_written_through_unsafe_view():
+    # kron writes its result through _unsafe_view(out): that view's schema declares no alias.
+    a, b = torch.randn(2, 3), torch.randn(3, 2)
+    out = torch.empty(6, 6).to("lazy")
+    assert torch.kron(a.to("lazy"), b.to("lazy"), out=out) is out
+    torch.testing.assert_close(out.cpu(), torch.kron(a, b))
+
+
+def test_out_of_data_dependent_op():
+    x = torch.randn(8)
+    out = torch.empty(0).to("lazy")
+    torch.masked_select(x.to("lazy"), (x > 0).to("lazy"), out=out)
+    torch.testing.assert_close(out.cpu(), torch.masked_select(x, x > 0))
+
+
+def test_list_out():
+    x = torch.randn(3, 4)
+    outs = [torch.empty(0).to("lazy") for _ in range(3)]
+    assert aten.unbind_copy.int_out(x.to("lazy"), 0, out=outs) is None
+    for o, e in zip(outs, x.unbind(0)):
+        torch.testing.assert_close(o.cpu(), e)
+
+
+def test_matrix_rank_out_is_written():
+    # PyTorch's composite skips writing out= for tensor subclasses; lazy routes it through the functional op.
+    x = torch.randn(3, 5, 5)
+    out = torch.full((3,), 7, dtype=torch.long).to("lazy")
+    torch.linalg.matrix_rank(x.to("lazy"), atol=0.1, out=out)
+    torch.testing.assert_close(out.cpu(), torch.linalg.matrix_rank(x, atol=0.1))

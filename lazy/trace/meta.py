@@ -71,7 +71,7 @@ def _infer(func: Any, args: tuple, kwargs: dict) -> Any:
     metrics.bump("shape_inference.meta")
     try:
         margs, mkwargs = _convert(args, "meta"), _convert(kwargs, "meta")
-        return _describe(func(*margs, **mkwargs), func)
+        return _describe(_returned(func(*margs, **mkwargs), mkwargs), func)
     except UnsupportedLayout:
         raise
     except Exception as meta_error:  # noqa: BLE001 - classified below
@@ -102,7 +102,12 @@ def _infer_fake(func: Any, args: tuple, kwargs: dict) -> Any:
 
     fargs, fkwargs = _convert(args, "meta", fake), _convert(kwargs, "meta", fake)
     with mode:
-        return _describe(func(*fargs, **fkwargs), func)
+        return _describe(_returned(func(*fargs, **fkwargs), fkwargs), func)
+
+
+def _returned(result: Any, kwargs: dict) -> Any:
+    """What a call returned, or for an out= op that returns nothing (a list out=: unbind_copy.int_out) its out."""
+    return kwargs["out"] if result is None and kwargs.get("out") is not None else result
 
 
 def _convert(value: Any, device: str, wrap: Any = None) -> Any:

@@ -341,7 +341,8 @@ def record_out(func: Any, args: tuple, kwargs: dict) -> Any:
         kwargs = _with_seed(desc, kwargs)
     targs, tkw, ins, scs, memo = flatten(desc, args, kwargs)
     out = infer((func, targs, tkw, tuple(memo)), func, args, kwargs)  # the out tensors' metadata after resize
-    outs = [kwargs[name] for name in desc.out_names]
+    outs: list = []
+    _collect([kwargs[name] for name in desc.out_names], outs)  # an out= may be a list (unbind_copy.int_out)
     final = _flat_outs(out, []) if isinstance(out, (tuple, list)) else [out]
     op = desc.functional
     if op is not None:
@@ -358,6 +359,8 @@ def record_out(func: Any, args: tuple, kwargs: dict) -> Any:
         if target._lz_desc != meta[:4]:
             _reset(target, meta)
         _write_back(target, new)
+    if not desc.num_returns:
+        return None
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -428,8 +431,10 @@ def eager_fallback(func: Any, args: tuple, kwargs: dict, cause: str) -> Any:
     _collect(kwargs, lazies)
     datas = _sync.sync_nodes([_value(t) for t in lazies], [t._lz_st for t in lazies], cause)
     swap = {id(t): d for t, d in zip(lazies, datas)}
-    mutated = {id(_arg(desc, args, kwargs, i)) for i in desc.mutated}
-    mutated |= {id(kwargs[n]) for n in desc.out_names}
+    targets: list = []
+    _collect([_arg(desc, args, kwargs, i) for i in desc.mutated], targets)
+    _collect([kwargs.get(n) for n in desc.out_names], targets)
+    mutated = {id(t) for t in targets}
     cloned: Dict[int, torch.Tensor] = {}
 
     def real(v: Any) -> Any:
@@ -445,7 +450,7 @@ def eager_fallback(func: Any, args: tuple, kwargs: dict, cause: str) -> Any:
         return v
 
     with eager_dispatch():  # Note [Executing inside __torch_dispatch__]
-        result = func(*real(args), **real(kwargs))
+        result = func(*real(args), **{k: real(v) for k, v in kwargs.items()})
     for t in lazies:
         if id(t) in cloned:
             new = cloned[id(t)]
@@ -517,6 +522,27 @@ def _unrecordable(func: Any, error: Exception) -> None:
                       "syncing its inputs. This costs a sync each time: report it if it is on your hot path.",
                       stacklevel=4)
 
+
+def _out_through_functional(functional: Any) -> Callable[..., Any]:
+    """A kernel for an out= op: the functional op, then a copy into ``out`` (resized like eager's out=)."""
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        out = kwargs.pop("out")
+        with torch._C._AutoDispatchBelowAutograd():
+            result = functional(*args, **kwargs)
+            if out.shape != result.shape:
+                out.resize_(result.shape)
+            out.copy_(result)
+        return out
+    return kernel
+
+
+# CompositeImplicit out= ops that skip writing ``out`` for any tensor subclass (PyTorch's matrix_rank_impl
+# returns a new tensor when isTensorSubclassLike(input)): they get a kernel on the AutogradLazy key, which runs
+# before the composite decomposes them, so lazy's out= is written as eager's is.
+_SUBCLASS_SKIPS_OUT = (aten.linalg_matrix_rank.atol_rtol_tensor_out, aten.linalg_matrix_rank.atol_rtol_float_out)
+_KERNELS = torch.library.Library("aten", "IMPL")
+for _op in _SUBCLASS_SKIPS_OUT:
+    _KERNELS.impl(_op, _out_through_functional(describe(_op).functional), "AutogradLazy")
 
 _SPECIAL: Dict[Any, Callable[..., Any]] = {
     aten.copy_.default: record_copy,

@@ -25,6 +25,10 @@ RUNTIME_MEMO_VALUE = 2  # a runtime input whose value still keys the shape memo:
 SHAPE_SCALAR_OPS = frozenset(
     getattr(aten, name) for name in ("arange", "range"))
 
+# Ops that return a view although their schema says nothing aliases: kron writes its result through
+# _unsafe_view(out), so recording it as a new value lost the write.
+UNDECLARED_VIEWS = frozenset((aten._unsafe_view.default,))
+
 # Schemas that mutate arguments without saying so: op -> positions of the mutated arguments.
 UNDECLARED_MUTATIONS = {aten.native_batch_norm.default: (3, 4)}
 
@@ -73,7 +77,8 @@ class OpDesc:
         self.data_dependent = torch.Tag.data_dependent_output in tags
         self.dynamic_shape = torch.Tag.dynamic_output_shape in tags
         is_view = (not self.mutated and not self.out_names
-                   and any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns))
+                   and any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+                   or op in UNDECLARED_VIEWS)
         self.view_multi = is_view and str(schema.returns[0].type).startswith("List")
         if torch.Tag.inplace_view in tags:  # squeeze_, transpose_, as_strided_, resize_: new metadata for self
             self.kind = "inplace_view"

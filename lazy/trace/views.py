@@ -112,8 +112,8 @@ REVERSE: Dict[Any, Callable[[Node, Node, ViewStep], Node]] = {
     aten.view.dtype: _dtype_back,
     **{op: _identity for op in (aten.alias.default, aten.detach.default, aten.lift_fresh.default)},
     **{op: _reshape_back for op in (
-        aten.view.default, aten._reshape_alias.default, aten.unsqueeze.default, aten.squeeze.default,
-        aten.squeeze.dim, aten.squeeze.dims, aten.view_as.default)},
+        aten.view.default, aten._unsafe_view.default, aten._reshape_alias.default, aten.unsqueeze.default,
+        aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.view_as.default)},
 }
 
 
