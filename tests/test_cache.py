@@ -83,3 +83,12 @@ def test_dump_dir(tmp_path):
     assert len(files) == 1
     text = files[0].read_text()
     assert "aten.exp.default" in text and "return" in text
+
+
+def test_keys_are_exact_even_where_hashes_collide():
+    # CPython hashes -1 like -2: keys must compare structure, not hash values.
+    assert hash(-1) == hash(-2)
+    x = torch.randn(3, 4, 5)
+    for dim in (-1, -2, -1, -2):
+        torch.testing.assert_close(x.to(L).sum(dim).cpu(), x.sum(dim))
+    assert metrics.counter("compiles") == 2

@@ -1,12 +1,12 @@
 """Walks over the IR: the topological order of a graph and its structural cache key.
 
 Note [Graph key]
-The key of a graph is the tuple, in topological order, of each node's hash followed by the positions of its
-inputs, then the positions of the outputs. Node hashes cover structure, shapes and dtypes but not data, so two
-steps with fresh data and new runtime scalars get equal keys; positions encode sharing and leaf numbering by
-first use, so ``x + x`` and ``x + y`` (or a shared and a duplicated subexpression) get different keys. The tuple
-itself is the dict key: Python compares it element-wise on a hit, so a hash collision can never return the
-wrong graph.
+The key of a graph is the tuple, in topological order, of each node's interned signature id (Note [Interned
+signatures]) followed by the positions of its inputs, then the positions of the outputs. Signatures cover
+structure, shapes and dtypes but not data, so two steps with fresh data and new runtime scalars get equal keys;
+positions encode sharing and leaf numbering by first use, so ``x + x`` and ``x + y`` (or a shared and a
+duplicated subexpression) get different keys. The tuple itself is the dict key and every element is an exact
+identity, so a hash collision can never return the wrong graph.
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def linearize(roots: Sequence[Node]) -> Linearized:
             stack.pop()
             pos[id(node)] = len(order)
             order.append(node)
-            enc.append(node.hash)
+            enc.append(id(node.sig))
             if node.op is DATA:
                 leaves.append(node.data)
             else:

@@ -70,19 +70,32 @@ DATA = Op("data", _no_op)
 GETITEM = Op("getitem", _no_op)
 
 
+# Note [Interned signatures]
+# A node's signature is everything but its inputs and runtime values: (op, args, kwargs, shape, dtype, metas).
+# Signatures are interned, so structurally equal nodes share one signature object and ``id(sig)`` is an exact
+# structural identity: graph keys are built from these ids, never from hash values, which collide (CPython
+# hashes -1 like -2, so dims -1 and -2 would otherwise be one key). The table only grows with distinct
+# signatures, like the shape memo.
+_SIGNATURES: dict = {}
+
+
 class Node:
     """An immutable IR node.
 
     ``shape``/``dtype`` describe the single output; an op with several outputs gives a node with ``shape=None``
     whose outputs are read by ``getitem`` nodes and described by ``metas`` (a tuple of ``(shape, dtype)`` or None).
-    ``hash`` is computed once here from op, templates, dtype, shape and the inputs' hashes: never from data.
+    ``sig`` is the interned signature (Note [Interned signatures]); ``hash`` covers it and the inputs' hashes,
+    computed once here, never from data.
     """
 
-    __slots__ = ("op", "args", "kwargs", "inputs", "scalars", "shape", "dtype", "metas", "data", "hash")
+    __slots__ = ("op", "args", "kwargs", "inputs", "scalars", "shape", "dtype", "metas", "data", "sig", "hash")
 
     def __init__(self, op: Any, args: tuple, kwargs: tuple, inputs: Tuple["Node", ...], scalars: tuple,
                  shape: Optional[tuple], dtype: Optional[torch.dtype], metas: Optional[tuple] = None,
-                 data: Optional[torch.Tensor] = None, hash_: Optional[int] = None) -> None:
+                 data: Optional[torch.Tensor] = None) -> None:
+        sig = (op, args, kwargs, shape, dtype, metas)
+        sig = _SIGNATURES.setdefault(sig, sig)
+        self.sig = sig
         self.op = op
         self.args = args
         self.kwargs = kwargs
@@ -92,7 +105,7 @@ class Node:
         self.dtype = dtype
         self.metas = metas
         self.data = data
-        self.hash = hash((op, args, kwargs, shape, dtype, metas, *[i.hash for i in inputs])) if hash_ is None else hash_
+        self.hash = hash((id(sig), *[i.hash for i in inputs])) if inputs else id(sig)
 
     @property
     def is_data(self) -> bool:
@@ -106,10 +119,7 @@ class Node:
 
 def data_leaf(tensor: torch.Tensor) -> Node:
     """A leaf holding real data on the backing device. Its hash covers shape, dtype and layout, not the data."""
-    shape = tuple(tensor.shape)
-    layout = tuple(tensor.stride())
-    return Node(DATA, (layout,), (), (), (), shape, tensor.dtype, data=tensor,
-                hash_=hash((DATA, shape, tensor.dtype, layout)))
+    return Node(DATA, (tuple(tensor.stride()),), (), (), (), tuple(tensor.shape), tensor.dtype, data=tensor)
 
 
 def getitem(node: Node, index: int) -> Node:
