@@ -34,27 +34,6 @@ class SeedArg(int):
     """A seed drawn at record time for a random op; recorded as a runtime scalar behind a GENERATOR marker."""
 
 
-class _MinusOne(int):
-    """-1 with a hash of its own. Note [Static -1]: CPython hashes -1 like -2 (-1 is its C error value), so
-    ``sum(x, -1)`` and ``sum(x, -2)`` got equal node hashes, hence equal graph keys (keys are tuples of node
-    hashes), and the graph cache ran one graph for the other. Static ints -1 (the commonest dim) are recorded as
-    this int, which ATen takes as -1. The proper fix is a graph key that compares node structure, not hashes."""
-
-    __slots__ = ()
-
-    def __hash__(self) -> int:
-        return 0x2D5E_6A1B_93C7_04F8
-
-    def __reduce__(self) -> tuple:
-        return (_minus_one, ())
-
-
-def _minus_one() -> "_MinusOne":
-    return MINUS_ONE
-
-
-MINUS_ONE = _MinusOne(-1)
-
 # Ops that accept cpu tensors beside lazy ones (eager CUDA does too): the cpu tensors become data leaves.
 _CPU_ARGS_OK = frozenset((aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
                           aten._index_put_impl_.default, aten.copy_.default, aten.copy.default))
@@ -71,7 +50,7 @@ def _flat(v: Any, kind: int, ins: list, scs: list, memo: list, desc: OpDesc) -> 
         return TENSOR
     if tv is float or tv is int or tv is bool or tv is complex:
         if kind == STATIC:
-            return MINUS_ONE if v == -1 and tv is int else v
+            return v
         scs.append(v)
         if kind == RUNTIME_MEMO_VALUE:
             memo.append(v)
