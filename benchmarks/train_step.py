@@ -1,0 +1,256 @@
+"""Time one training step (forward, backward, AdamW) of the test models on lazy, eager CPU, torch.compile and LTC.
+
+    python benchmarks/train_step.py                  # ~3 min on 2 cores, most of it torch.compile compiling
+    python benchmarks/train_step.py --quick          # fewer steps
+    python benchmarks/train_step.py --models mlp,gpt --backends eager,lazy --size 64 --steps 100
+
+Models, batches and losses are those of tests/models.py (MLP, CNN with BatchNorm/GroupNorm, Transformer encoder
+layer, tiny GPT); the batch is moved to the device inside the step. Every backend runs the same steps from the same
+initial weights, so the final losses agree up to rounding (a sanity check printed under the table). Time per step
+is the median over --steps steps after --warmup steps, wall clock, each step ending in a sync:
+
+- eager:         plain PyTorch on the CPU.
+- lazy:          this project; lazy.mark_step() + lazy.wait_device_ops() per step. Compiles and graph-cache hits come
+                 from lazy.metrics.counters().
+- torch.compile: torch.compile(model) with the default (inductor) backend; the optimizer step runs eagerly unless
+                 --compile-optimizer. The first step (the compile) is reported separately; inductor's on-disk cache
+                 makes it shorter on later runs.
+- LTC:           PyTorch's own lazy tensors (torch._lazy, TorchScript backend), torch._lazy.mark_step() per step.
+                 NOTE: LTC registers kernels on the same Lazy dispatch key as `lazy`, so it runs in a subprocess
+                 (this script with --worker ltc, which never imports lazy) and reports JSON on stdout.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+from models import MODELS, batch, loss_fn  # noqa: E402
+
+BACKENDS = ("eager", "lazy", "compile", "ltc")
+RESULT_PREFIX = "RESULT "
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def describe(e: Exception) -> str:
+    """The exception's type and first line, for the table's error notes."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
+def time_training(kind: str, device: str, sync, args, wrap=None, wrap_step=None) -> dict:
+    """Run warmup + timed steps of ``kind`` on ``device``; ``sync()`` ends each step.
+
+    Returns the first step's time, the median steady-state step time (both in ms) and the final loss.
+    """
+    torch.manual_seed(0)
+    model = MODELS[kind]().to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    forward = wrap(model) if wrap else model
+    opt_step = wrap_step(opt.step) if wrap_step else opt.step
+    batches = [batch(kind, i, "cpu", size=args.size) for i in range(8)]
+    times = []
+    for step in range(args.warmup + args.steps):
+        x, y = batches[step % len(batches)]
+        start = time.perf_counter()
+        loss = loss_fn(kind, forward(x.to(device)), y.to(device))
+        opt.zero_grad()
+        loss.backward()
+        opt_step()
+        sync()
+        times.append(time.perf_counter() - start)
+    return {"first_ms": times[0] * 1e3, "ms": statistics.median(times[args.warmup:]) * 1e3,
+            "loss": float(loss.detach().cpu())}
+
+
+def run_eager(kind: str, args) -> dict:
+    return time_training(kind, "cpu", lambda: None, args)
+
+
+def run_lazy(kind: str, args) -> dict:
+    import lazy
+
+    def sync() -> None:
+        lazy.mark_step()
+        lazy.wait_device_ops()
+
+    lazy.metrics.reset()
+    result = time_training(kind, "lazy", sync, args)
+    counters = lazy.metrics.counters()
+    result["compiles"] = int(counters.get("compiles", 0))
+    result["hits"] = int(counters.get("graph_cache.hit", 0))
+    return result
+
+
+def run_compile(kind: str, args) -> dict:
+    import torch._dynamo
+    torch._dynamo.reset()
+    return time_training(kind, "cpu", lambda: None, args, wrap=torch.compile,
+                         wrap_step=torch.compile if args.compile_optimizer else None)
+
+
+def run_ltc_worker(args) -> None:
+    """Subprocess entry: time every model on torch._lazy and print one JSON line. Never imports `lazy`."""
+    import torch._lazy
+    import torch._lazy.metrics
+    import torch._lazy.ts_backend
+    torch._lazy.ts_backend.init()
+
+    def sync() -> None:
+        torch._lazy.mark_step()
+        torch._lazy.wait_device_ops()
+
+    results = {}
+    for kind in args.models:
+        torch._lazy.metrics.reset()
+        try:
+            results[kind] = time_training(kind, "lazy", sync, args)
+            results[kind]["compiles"] = int(torch._lazy.metrics.counter_value("UncachedCompile") or 0)
+            results[kind]["hits"] = int(torch._lazy.metrics.counter_value("CachedCompile") or 0)
+        except Exception as e:  # noqa: BLE001 -- a failing model is reported, the others still run
+            results[kind] = {"error": describe(e)}
+    print(RESULT_PREFIX + json.dumps(results), flush=True)
+
+
+def run_ltc(args) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "ltc", "--models", ",".join(args.models),
+           "--warmup", str(args.warmup), "--steps", str(args.steps), "--size", str(args.size),
+           "--threads", str(args.threads)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.ltc_timeout)
+    except subprocess.TimeoutExpired:
+        return {kind: {"error": f"LTC worker timed out after {args.ltc_timeout} s"} for kind in args.models}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX):])
+    last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return {kind: {"error": f"LTC worker exited with {proc.returncode}: {last}"} for kind in args.models}
+
+
+def fmt_ms(result: dict | None) -> str:
+    if result is None:
+        return "-"
+    return "error" if "error" in result else f"{result['ms']:.2f}"
+
+
+def fmt_ratio(a: dict | None, b: dict | None) -> str:
+    if not a or not b or "error" in a or "error" in b:
+        return "-"
+    return f"{a['ms'] / b['ms']:.2f}x"
+
+
+def print_report(results: dict, args) -> None:
+    header = (f"{'model':8} {'eager ms':>9} {'lazy ms':>9} {'compile ms':>11} {'LTC ms':>9} "
+              f"{'lazy/eager':>11} {'lazy/compile':>13} {'lazy/LTC':>9}")
+    print(header)
+    print("-" * len(header))
+    for kind in args.models:
+        r = results[kind]
+        e, lz, c, ltc = (r.get(b) for b in BACKENDS)
+        print(f"{kind:8} {fmt_ms(e):>9} {fmt_ms(lz):>9} {fmt_ms(c):>11} {fmt_ms(ltc):>9} "
+              f"{fmt_ratio(lz, e):>11} {fmt_ratio(lz, c):>13} {fmt_ratio(lz, ltc):>9}")
+    print()
+    print("first step (ms; includes tracing and compiling), compiles / cache hits, final loss:")
+    errors = []
+    for kind in args.models:
+        cells = []
+        for backend in BACKENDS:
+            r = results[kind].get(backend)
+            if r is None:
+                continue
+            if "error" in r:
+                cells.append(f"{backend} error")
+                errors.append(f"{kind} on {backend}: {r['error']}")
+                continue
+            cell = f"{backend} {r['first_ms']:.0f}"
+            if "compiles" in r:
+                cell += f" ({r['compiles']} compiles / {r['hits']} hits)"
+            cells.append(cell + f" loss {r['loss']:.4f}")
+        print(f"  {kind:8} " + "; ".join(cells))
+    for line in errors:
+        print(f"  error: {line}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {','.join(MODELS)}")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, from {','.join(BACKENDS)}")
+    parser.add_argument("--size", type=int, default=32, help="batch size")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20, help="timed steps (median reported)")
+    parser.add_argument("--quick", action="store_true", help="2 warmup and 8 timed steps")
+    parser.add_argument("--compile-optimizer", action="store_true", help="also torch.compile the AdamW step")
+    parser.add_argument("--ltc-timeout", type=int, default=180, help="seconds before the LTC worker is abandoned")
+    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
+    parser.add_argument("--worker", choices=["ltc"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.models = args.models.split(",")
+    args.backends = args.backends.split(",")
+    for name in args.models:
+        if name not in MODELS:
+            parser.error(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+    for name in args.backends:
+        if name not in BACKENDS:
+            parser.error(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+    if args.quick:
+        args.warmup, args.steps = 2, 8
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.worker == "ltc":
+        run_ltc_worker(args)
+        return
+
+    print(f"{datetime.datetime.now():%Y-%m-%d %H:%M}  {cpu_model()}, {os.cpu_count()} cores "
+          f"({torch.get_num_threads()} torch threads), torch {torch.__version__}, Python {platform.python_version()}")
+    load = os.getloadavg()[0]
+    if load > 0.5 * (os.cpu_count() or 1):
+        print(f"NOTE: load average {load:.1f} on {os.cpu_count()} cores: other processes compete, timings are noisy "
+              f"(--threads 1 is steadier)")
+    print(f"batch size {args.size}, AdamW, median of {args.steps} steps after {args.warmup} warmup steps\n")
+    start = time.perf_counter()
+    runners = {"eager": run_eager, "lazy": run_lazy, "compile": run_compile}
+    results = {kind: {} for kind in args.models}
+    for kind in args.models:
+        for backend in args.backends:
+            if backend == "ltc":
+                continue
+            t0 = time.perf_counter()
+            try:
+                results[kind][backend] = runners[backend](kind, args)
+            except Exception as e:  # noqa: BLE001 -- e.g. torch.compile without a working C++ compiler
+                traceback.print_exc(limit=2)
+                results[kind][backend] = {"error": describe(e)}
+            done = results[kind][backend]
+            print(f"  {kind} {backend}: {done['error'] if 'error' in done else fmt_ms(done) + ' ms/step'} "
+                  f"({time.perf_counter() - t0:.1f} s)", flush=True)
+    if "ltc" in args.backends:
+        t0 = time.perf_counter()
+        for kind, result in run_ltc(args).items():
+            results[kind]["ltc"] = result
+        print(f"  ltc worker: {time.perf_counter() - t0:.1f} s", flush=True)
+    print()
+    print_report(results, args)
+    print(f"\ntotal {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
