@@ -304,6 +304,16 @@ def _grown(st: Storage, numel: int) -> Storage:
     return Storage(padded, (numel,), (1,), numel)
 
 
+def _flat_targets(v: Any, acc: list) -> list:
+    """The tensors (and Nones) of mutated arguments, flattened in the order _meta_of describes them."""
+    if isinstance(v, (list, tuple)):
+        for x in v:
+            _flat_targets(x, acc)
+    else:
+        acc.append(v)
+    return acc
+
+
 def _meta_of(t: Any) -> Any:
     if t is None:
         return None
@@ -331,9 +341,14 @@ def record_out(func: Any, args: tuple, kwargs: dict) -> Any:
         fout = infer((op, ftargs, ftkw, tuple(fmemo)), op, args, fkwargs)
         node, values = emit_outputs(op, ftargs, ftkw, fins, fscs, fout)
     else:
-        op = functionalized(func, (), desc.out_names, ())
-        fout = tuple(final)
+        op = functionalized(func, desc.mutated, desc.out_names, ())
+        mutated = [_arg(desc, args, kwargs, i) for i in desc.mutated]
+        fout = tuple(_meta_of(t) for t in mutated) + tuple(final)
         node, values = emit_outputs(op, targs, tkw, ins, scs, fout)
+        updated = _flat_outs(tuple(_meta_of(t) for t in mutated), [])  # one value per tensor or None, in order
+        for target, new in zip(_flat_targets(mutated, []), values):
+            _write_back(target, new)
+        values = values[len(updated):]
     for target, meta, new in zip(outs, final, values):
         if target._lz_desc != meta[:4]:
             _reset(target, meta)

@@ -30,7 +30,7 @@ SHAPE_SCALAR_OPS = frozenset(
 UNDECLARED_VIEWS = frozenset((aten._unsafe_view.default,))
 
 # Schemas that mutate arguments without saying so: op -> positions of the mutated arguments.
-UNDECLARED_MUTATIONS = {aten.native_batch_norm.default: (3, 4)}
+UNDECLARED_MUTATIONS = {aten.native_batch_norm.default: (3, 4), aten.native_batch_norm.out: (3, 4)}
 
 
 class OpDesc:
@@ -124,6 +124,11 @@ def _signature(schema: Any, skip: Tuple[str, ...] = ()) -> tuple:
 
 
 def _find_functional(op: torch._ops.OpOverload, desc: OpDesc) -> Optional[torch._ops.OpOverload]:
+    if desc.out_names and desc.mutated:
+        # An out= op that also updates inputs (native_batch_norm.out's running stats): recorded as itself, run on
+        # copies (no functional variant returns both; and outside training the cpu kernel leaves save_mean and
+        # save_invstd as they were, while the functional op returns them empty).
+        return None
     schema = op._schema
     base = schema.name.split("::")[1]
     if base.endswith("_") and not base.endswith("__"):
