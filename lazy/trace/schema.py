@@ -59,7 +59,8 @@ class OpDesc:
             if arg.name == "generator":
                 self.has_generator = True
             if arg.alias_info is not None and arg.alias_info.is_write:
-                if arg.kwarg_only and torch.Tag.out in op.tags or (arg.kwarg_only and arg.name.startswith("out")):
+                # ATen's convention: mutable keyword-only arguments are out= tensors (torch < 2.12 has no Tag.out).
+                if arg.kwarg_only:
                     self.out_names.append(arg.name)
                 else:
                     self.mutated.append(i)
