@@ -145,3 +145,14 @@ def test_batch_norm_out_updates_running_stats_and_outs(training):
                                    save_invstd=save_invstd)
 
     same(run, x, w, b, mean, var, torch.zeros(3, 2, 4), torch.full((2,), 3.0), torch.zeros(2))
+
+
+@pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")
+def test_batch_norm_out_eval_leaves_stats_outs_alone():
+    x, w, b, mean, var = torch.randn(3, 2, 4), torch.randn(2), torch.randn(2), torch.randn(2), torch.rand(2)
+
+    def run(x, w, b, mean, var, out, save_mean, save_invstd):
+        aten.native_batch_norm.out(x, w, b, mean, var, False, 0.1, 1e-5, out=out, save_mean=save_mean,
+                                   save_invstd=save_invstd)
+
+    same(run, x, w, b, mean, var, torch.zeros(3, 2, 4), torch.zeros(0), torch.full((5,), 2.0))

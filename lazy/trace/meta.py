@@ -41,16 +41,16 @@ def infer(key: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     result = _infer(func, args, kwargs)
     rule = CPU_RULES.get(func)
     if rule is not None and config.backing_device.startswith("cpu"):
-        result = rule(result, args)
+        result = rule(result, args, kwargs)
     _MEMO[key] = result
     return result
 
 
-# Where the cpu kernel's outputs differ from the meta kernel's (which follow CUDA's): op -> fix(outs, args).
+# Where the cpu kernel's outputs differ from the meta kernel's (which follow CUDA's): op -> fix(outs, args, kwargs).
 # NOTE: the memo does not key on the backing device; a process changes it before recording anything.
 def _empty_batch_norm_stats(training_at: Any) -> Any:
     """Outside training, cpu batch norm returns empty save_mean/save_invstd; meta (CUDA) returns them [C]."""
-    def fix(outs: tuple, args: tuple) -> tuple:
+    def fix(outs: tuple, args: tuple, kwargs: dict) -> tuple:
         if training_at is not None and args[training_at]:
             return outs
         empty = Out(((0,), (1,), 0, outs[1][3], 0))
@@ -58,9 +58,18 @@ def _empty_batch_norm_stats(training_at: Any) -> Any:
     return fix
 
 
+def _untouched_batch_norm_stats(outs: tuple, args: tuple, kwargs: dict) -> tuple:
+    """Outside training, cpu native_batch_norm.out leaves its save_mean/save_invstd out= tensors as they were."""
+    if args[5]:
+        return outs
+    kept = [Out(kwargs[name]._lz_desc + (kwargs[name]._lz_st.numel,)) for name in ("save_mean", "save_invstd")]
+    return type(outs)((outs[0], *kept))
+
+
 aten = torch.ops.aten
 CPU_RULES: Dict[Any, Any] = {
     aten.native_batch_norm.default: _empty_batch_norm_stats(5),
+    aten.native_batch_norm.out: _untouched_batch_norm_stats,
     aten._native_batch_norm_legit.default: _empty_batch_norm_stats(5),
     aten._native_batch_norm_legit_functional.default: _empty_batch_norm_stats(5),
     aten._native_batch_norm_legit_no_training.default: _empty_batch_norm_stats(None),
