@@ -60,6 +60,7 @@ class LazyTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+        # Replaced by install_dispatch() when lazy is imported; this import per call would cost ~2 us per op.
         from ..trace.record import dispatch
         return dispatch(func, args, kwargs or {})
 
@@ -133,6 +134,15 @@ class LazyTensor(torch.Tensor):
                                "with .to('lazy') first")
         torch._C.TensorBase.data.__set__(self, new)
         adopt(self, new)
+
+
+def install_dispatch(dispatch: Any) -> None:
+    """Make ``dispatch(func, args, kwargs)`` the recorder of every op on lazy tensors (hot path: one frame)."""
+
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN202, N807
+        return dispatch(func, args, kwargs or {})
+
+    LazyTensor.__torch_dispatch__ = classmethod(__torch_dispatch__)
 
 
 _make = torch.Tensor._make_wrapper_subclass
