@@ -12,5 +12,5 @@ setup(
     packages=find_packages(include=["lazy", "lazy.*"]),
     python_requires=">=3.11",
     install_requires=["torch>=2.11", "numpy", "pybind11>=2.10"],
-    extras_require={"triton": ["triton"], "test": ["pytest"]},
+    extras_require={"triton": ["triton"], "test": ["pytest", "expecttest"]},
 )

@@ -134,3 +134,22 @@ def test_explain_names_causes_lines_and_recompile_reasons():
     assert "mark_step" in text and "item" in text and "test_sync.py" in text
     assert "first compile at this line" in text
     assert "f32[4] -> aten" in text or "[4] ->" in text  # the shape change that forced the recompile
+
+
+def test_print_tolist_save_of_expanded_tensor():
+    x = torch.arange(3.0).to(L).expand(2, 3)
+    assert x.tolist() == [[0.0, 1.0, 2.0]] * 2
+    assert "device='lazy:0'" in repr(x)
+    assert x.cpu().is_contiguous()
+
+
+def test_failed_graph_does_not_poison_later_steps():
+    good = torch.ones(3, device=L) * 2
+    idx = torch.tensor([5]).to(L)  # out of range: only found when the graph runs
+    bad = torch.arange(3.0).to(L).gather(0, idx)
+    with pytest.raises(RuntimeError):
+        lazy.mark_step()
+    lazy.mark_step()  # the failed values are left alone; nothing raises
+    with pytest.raises(RuntimeError):
+        bad.cpu()  # using a failed value raises again
+    assert good.cpu().tolist() == [2.0, 2.0, 2.0]

@@ -18,7 +18,7 @@ from typing import Any, Optional, Tuple
 
 import torch
 
-from ..ir.node import Node
+from ..ir.node import DATA, Node
 
 LAZY_DEVICE = torch.device("lazy", 0)
 
@@ -29,10 +29,11 @@ Desc = Tuple[tuple, tuple, int, torch.dtype]
 class Storage:
     """The functional stand-in for a storage: the current value of its base tensor (Note [Storages and views])."""
 
-    __slots__ = ("value", "version", "shape", "stride", "numel", "serial", "__weakref__")
+    __slots__ = ("value", "version", "shape", "stride", "numel", "serial", "failed", "__weakref__")
 
     def __init__(self, value: Node, shape: tuple, stride: tuple, numel: int) -> None:
         self.serial = next(_SERIAL)  # creation order: mark_step orders its outputs by it, for a stable graph key
+        self.failed: Optional[Node] = None  # a value whose graph raised: later mark_steps leave it alone
         self.value = value
         self.version = 0
         self.shape = shape
@@ -192,6 +193,11 @@ def contiguous_stride(shape: tuple) -> tuple:
 def live_storages() -> list:
     """Every live storage (see _LIVE), oldest first."""
     return sorted(_LIVE, key=_serial)
+
+
+def pending_storages() -> list:
+    """Live storages whose value is still IR (and not a value whose graph already failed), oldest first."""
+    return [st for st in live_storages() if st.value.op is not DATA and st.value is not st.failed]
 
 
 def _serial(st: Storage) -> int:

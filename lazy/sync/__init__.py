@@ -16,7 +16,7 @@ from ..config import config
 from ..debug import metrics
 from ..debug.explain import SYNC_LOG, SyncRecord, explain_miss
 from ..debug.log import log, user_frame
-from ..device.tensor import LazyTensor, Storage, live_storages
+from ..device.tensor import LazyTensor, Storage, pending_storages
 from ..ir.graph import linearize
 from ..ir.node import DATA, Node, data_leaf
 from ..runtime.reference import run_node
@@ -47,15 +47,22 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
         return [r.data for r in roots]
     lin = linearize(list(roots) + [st.value for st in pending])
     chosen = set(map(id, pending))
-    for st in live_storages():
-        if id(st) not in chosen and st.value.op is not DATA and id(st.value) in lin.positions:
+    for st in pending_storages():
+        if id(st) not in chosen and id(st.value) in lin.positions:
             pending.append(st)
             lin.outputs.append(lin.positions[id(st.value)])
     if len(lin.outputs) != len(roots) + len(chosen):
         lin.key = lin.key + tuple(lin.outputs[len(roots) + len(chosen):])
     device = backing_device()
     program, hit = graph_cache.lookup(lin, device)
-    outs = program.run(lin.leaves, lin.scalars)
+    try:
+        outs = program.run(lin.leaves, lin.scalars)
+    except Exception:
+        # Eager would have raised at the op; here the graph raised. Its values stay IR (using them raises again),
+        # but later mark_steps skip them, so one failed graph does not make every later step fail.
+        for st in pending:
+            st.failed = st.value
+        raise
     for st, out in zip(pending, outs[len(roots):]):
         st.value = data_leaf(out)
         st.version += 1
@@ -87,7 +94,8 @@ def materialize(t: LazyTensor, cause: str) -> torch.Tensor:
     """``t`` as a new CPU tensor with ``t``'s strides (what ``.cpu()`` returns)."""
     data = data_of(t, cause)
     shape, stride, _, dtype = t._lz_desc
-    out = torch.empty_strided(shape, stride, dtype=dtype, device="cpu")
+    # eager's .cpu() layout: the same strides when dense, contiguous otherwise (an expanded tensor, say)
+    out = torch.empty_like(torch.empty_strided(shape, stride, dtype=dtype, device="meta"), device="cpu")
     out.copy_(data)
     metrics.bump("bytes_from_device", out.numel() * out.element_size())
     return out
@@ -96,7 +104,7 @@ def materialize(t: LazyTensor, cause: str) -> torch.Tensor:
 def mark_step() -> None:
     """End of a step: compute every live lazy tensor with pending IR in one graph and replace its IR by data,
     so the next step starts from data and the graph does not grow from step to step."""
-    pending = [st for st in live_storages() if st.value.op is not DATA]
+    pending = pending_storages()
     metrics.bump("mark_step")
     if not pending:
         metrics.bump("sync.mark_step")
