@@ -231,7 +231,9 @@ def _padded(desc: OpDesc, args: tuple) -> tuple:
     return args + desc.pad_args[len(args):]
 
 
-def record_inplace(func: Any, args: tuple, kwargs: dict) -> Any:
+def _start_mutation(func: Any, args: tuple, kwargs: dict) -> tuple:
+    """What in-place and out= handlers share: missing defaults, the seed of a random op, the flattened call, and
+    the op's own metadata (which also runs eager's checks: broadcasting, casting, out= resizing)."""
     desc = describe(func)
     if desc.pad_args is not None:
         args = _padded(desc, args)
@@ -239,7 +241,12 @@ def record_inplace(func: Any, args: tuple, kwargs: dict) -> Any:
         kwargs = _with_seed(desc, kwargs)
     targs, tkw, ins, scs, memo = flatten(desc, args, kwargs)
     memo = tuple(memo)
-    out = infer((func, targs, tkw, memo), func, args, kwargs)  # validates like eager (broadcast, casting)
+    out = infer((func, targs, tkw, memo), func, args, kwargs)
+    return desc, args, kwargs, targs, tkw, ins, scs, memo, out
+
+
+def record_inplace(func: Any, args: tuple, kwargs: dict) -> Any:
+    desc, args, kwargs, targs, tkw, ins, scs, memo, out = _start_mutation(func, args, kwargs)
     n_plain = sum(1 for s in desc.return_sources if s is None)
     if desc.functional is not None:
         op = desc.functional
@@ -323,13 +330,8 @@ def _meta_of(t: Any) -> Any:
 
 
 def record_out(func: Any, args: tuple, kwargs: dict) -> Any:
-    desc = describe(func)
-    if desc.pad_args is not None:
-        args = _padded(desc, args)
-    if desc.random and desc.has_generator:
-        kwargs = _with_seed(desc, kwargs)
-    targs, tkw, ins, scs, memo = flatten(desc, args, kwargs)
-    out = infer((func, targs, tkw, tuple(memo)), func, args, kwargs)  # the out tensors' metadata after resize
+    # `out`: the out tensors' metadata after resize
+    desc, args, kwargs, targs, tkw, ins, scs, memo, out = _start_mutation(func, args, kwargs)
     outs: list = []
     _collect([kwargs[name] for name in desc.out_names], outs)  # an out= may be a list (unbind_copy.int_out)
     final = _flat_outs(out, []) if isinstance(out, (tuple, list)) else [out]
