@@ -93,7 +93,8 @@ class Node:
     def __init__(self, op: Any, args: tuple, kwargs: tuple, inputs: Tuple["Node", ...], scalars: tuple,
                  shape: Optional[tuple], dtype: Optional[torch.dtype], metas: Optional[tuple] = None,
                  data: Optional[torch.Tensor] = None) -> None:
-        sig = (op, args, kwargs, shape, dtype, metas)
+        # id(op): ops are immortal (ATen overloads, cached internal Ops) and OpOverload.__hash__ is a Python method
+        sig = (id(op), args, kwargs, shape, dtype, metas)
         sig = _SIGNATURES.setdefault(sig, sig)
         self.sig = sig
         self.op = op

@@ -170,10 +170,13 @@ def record_functional(func: Any, args: tuple, kwargs: dict) -> Any:
         else:
             op = seeded(func)
     targs, tkw, ins, scs, memo = flatten(desc, args, kwargs)
-    out = infer((func, targs, tkw, tuple(memo)), func, args, kwargs)
+    # NOTE: the OpDesc, not the OpOverload, keys the memo: it hashes by identity in C (OpOverload.__hash__ is Python)
+    out = infer((desc, targs, tkw, tuple(memo)), func, args, kwargs)
     if op is not func:
         scs.append(_draw_seed(None))
         targs = targs + (SCALAR_MARKERS[int],)
+    if type(out) is Out:  # the common case, without the generic output plumbing
+        return new_tensor(out[:4], Node(op, targs, tkw, tuple(ins), tuple(scs), out[0], out[3]), out[4])
     node, values = emit_outputs(op, targs, tkw, ins, scs, out)
     return _tensors(out, values)
 
@@ -241,7 +244,7 @@ def _start_mutation(func: Any, args: tuple, kwargs: dict) -> tuple:
         kwargs = _with_seed(desc, kwargs)
     targs, tkw, ins, scs, memo = flatten(desc, args, kwargs)
     memo = tuple(memo)
-    out = infer((func, targs, tkw, memo), func, args, kwargs)
+    out = infer((desc, targs, tkw, memo), func, args, kwargs)
     return desc, args, kwargs, targs, tkw, ins, scs, memo, out
 
 
@@ -577,11 +580,12 @@ _HANDLERS: Dict[Any, Callable[..., Any]] = {}
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     """``LazyTensor.__torch_dispatch__`` and the Lazy-key fallback: record ``func`` (see module doc)."""
-    handler = _HANDLERS.get(func)
+    # NOTE: keyed by id(func): OpOverloads live as long as the process and their __hash__ is a Python method.
+    handler = _HANDLERS.get(id(func))
     if handler is None:
-        handler = _HANDLERS[func] = _choose(func)
+        handler = _HANDLERS[id(func)] = _choose(func)
     metrics.traced_ops += 1
-    if enabled(4):
+    if config.debug >= 4:
         log(4, f"trace {func}")
     try:
         return handler(func, args, kwargs)

@@ -164,7 +164,7 @@ _DESCS: Dict[Any, OpDesc] = {}
 
 def describe(op: torch._ops.OpOverload) -> OpDesc:
     """The cached OpDesc of an overload."""
-    desc = _DESCS.get(op)
+    desc = _DESCS.get(id(op))  # by id: overloads live as long as the process, their __hash__ is Python
     if desc is None:
-        desc = _DESCS[op] = OpDesc(op)
+        desc = _DESCS[id(op)] = OpDesc(op)
     return desc
