@@ -109,10 +109,8 @@ def main() -> None:
             now = time.perf_counter()
             rate = (args.log_every if step else 1) / (now - last)
             last = now
-            c = lazy.metrics.counters()
-            hits, misses = c.get("graph_cache.hit", 0), c.get("graph_cache.miss", 0)
             print(f"step {step:5d}  loss {loss.item():.4f}  {rate:7.1f} steps/s  "
-                  f"graph cache hit rate {hits / max(hits + misses, 1):.1%} ({misses} compiles)")
+                  f"{lazy.metrics.cache_summary()}")
     train_time = time.perf_counter() - start
 
     # NOTE: eval mode makes BatchNorm use the running statistics gathered during training; evaluating in

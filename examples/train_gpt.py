@@ -165,10 +165,8 @@ def main() -> None:
             last = now
             total = loss_sum.item()
             mean_loss, last_sum, seen = (total - last_sum) / (step + 1 - seen), total, step + 1
-            c = lazy.metrics.counters()
-            hits, misses = c.get("graph_cache.hit", 0), c.get("graph_cache.miss", 0)
             print(f"step {step:5d}  loss {mean_loss:.4f}  {rate:7.1f} steps/s  "
-                  f"graph cache hit rate {hits / max(hits + misses, 1):.1%} ({misses} compiles)")
+                  f"{lazy.metrics.cache_summary()}")
     train_time = time.perf_counter() - start
 
     model.eval()

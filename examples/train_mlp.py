@@ -58,10 +58,8 @@ def main() -> None:
             now = time.perf_counter()
             rate = (args.log_every if step else 1) / (now - last)
             last = now
-            c = lazy.metrics.counters()
-            hits, misses = c.get("graph_cache.hit", 0), c.get("graph_cache.miss", 0)
             print(f"step {step:5d}  loss {loss.item():.4f}  {rate:7.1f} steps/s  "
-                  f"graph cache hit rate {hits / max(hits + misses, 1):.1%} ({misses} compiles)")
+                  f"{lazy.metrics.cache_summary()}")
     with torch.no_grad():
         xb, yb = points[:2000].to("lazy"), labels[:2000].to("lazy")
         accuracy = (model(xb).argmax(1) == yb).float().mean().item()

@@ -56,3 +56,10 @@ def test_metrics_api():
     assert "sync.cpu" in text and "compiles" in text
     lazy.metrics.reset()
     assert lazy.metrics.counters() == {}
+
+
+def test_cache_summary_line():
+    lazy.metrics.reset()
+    lazy.metrics.bump("graph_cache.hit", 3)
+    lazy.metrics.bump("graph_cache.miss", 1)
+    assert lazy.metrics.cache_summary() == "graph cache hit rate 75.0% (1 compiles)"
