@@ -74,6 +74,41 @@ def eager_dispatch() -> Any:
     return torch._C._ForceDispatchKeyGuard(*_EAGER_KEYS)
 
 
+_CONST, _INPUT, _SCALAR = 0, 1, 2
+
+
+def _plan(args: tuple, kwargs: tuple) -> Any:
+    """A flat argument plan ``([(kind, x)], [(name, kind, x)])`` of a node's templates, built once per Program so a
+    run does no template walk; None when a template nests markers or needs a device or generator (then
+    ``_fill`` runs)."""
+    counts = [0, 0]
+
+    def entry(v: Any) -> Any:
+        if v is TENSOR:
+            counts[0] += 1
+            return (_INPUT, counts[0] - 1)
+        if type(v) is _Marker:
+            if v is DEVICE or v is GENERATOR:
+                raise LookupError
+            counts[1] += 1
+            return (_SCALAR, counts[1] - 1)
+        if type(v) is tuple:
+            if any(type(x) is _Marker or type(x) is tuple for x in v):
+                raise LookupError
+            return (_CONST, list(v))
+        return (_CONST, v)
+
+    try:
+        return [entry(v) for v in args], [(k,) + entry(v) for k, v in kwargs]
+    except LookupError:
+        return None
+
+
+def _direct(fn: Any) -> Any:
+    # An OpOverload's __call__ is a Python frame around its C++ overload: call the overload itself.
+    return getattr(fn, "_op", fn) if isinstance(fn, torch._ops.OpOverload) else fn
+
+
 class Program:
     """Instructions over a table of values: data leaves, then one ATen call per node, then the outputs."""
 
@@ -105,8 +140,9 @@ class Program:
             if node.op is GETITEM:
                 self.instrs.append((p, None, node.args[0], ins, 0, 0, (), frees.get(p, ())))
                 continue
-            fn = EXEC_OVERRIDES.get(node.op, node.op)
-            self.instrs.append((p, fn, node.args, ins, scalar_at, n, node.kwargs, frees.get(p, ())))
+            fn = _direct(EXEC_OVERRIDES.get(node.op, node.op))
+            plan = _plan(node.args, node.kwargs)
+            self.instrs.append((p, fn, (node.args, plan), ins, scalar_at, n, node.kwargs, frees.get(p, ())))
             scalar_at += n
         self.num_nodes = len(self.instrs)
 
@@ -126,10 +162,18 @@ class Program:
             if fn is None:  # getitem
                 values[p] = values[ins[0]][args]
             else:
-                it = iter([values[i] for i in ins])
-                sc = iter(scalars[s0:s0 + ns])
-                a = _fill(args, it, sc, device)
-                kw = {k: _fill(v, it, sc, device) for k, v in kwargs}
+                template, plan = args
+                ivals = [values[i] for i in ins]
+                if plan is not None:
+                    aplan, kwplan = plan
+                    a = [x if k == _CONST else ivals[x] if k == _INPUT else scalars[s0 + x] for k, x in aplan]
+                    kw = {name: x if k == _CONST else ivals[x] if k == _INPUT else scalars[s0 + x]
+                          for name, k, x in kwplan}
+                else:
+                    it = iter(ivals)
+                    sc = iter(scalars[s0:s0 + ns])
+                    a = _fill(template, it, sc, device)
+                    kw = {k: _fill(v, it, sc, device) for k, v in kwargs}
                 values[p] = fn(*a, **kw)
             for f in frees:
                 values[f] = None
