@@ -91,8 +91,15 @@ def flatten(desc: OpDesc, args: tuple, kwargs: dict) -> tuple:
     scs: list = []
     memo: list = []
     kinds = desc.kinds
-    targs = tuple([_flat(v, kinds[i] if i < len(kinds) else STATIC, ins, scs, memo, desc)
-                   for i, v in enumerate(args)])
+    targs: list = []
+    for i, v in enumerate(args):
+        if type(v) is LazyTensor:  # the common argument, inlined: this loop runs for every recorded op
+            ins.append(v._lz_st.value if v._lz_chain is None else _value(v))
+            memo.append(v._lz_desc)
+            targs.append(TENSOR)
+        else:
+            targs.append(_flat(v, kinds[i] if i < len(kinds) else STATIC, ins, scs, memo, desc))
+    targs = tuple(targs)
     if kwargs:
         kw_kinds = desc.kw_kinds
         tkw = tuple([(k, _flat(v, kw_kinds.get(k, STATIC), ins, scs, memo, desc)) for k, v in kwargs.items()])
