@@ -38,7 +38,11 @@ def infer(key: Any, func: Any, args: tuple, kwargs: dict) -> Any:
         return _MEMO[key]
     except KeyError:
         pass
-    result = _infer(func, args, kwargs)
+    result = own_rule(func, args, kwargs)
+    if result is None:
+        result = _infer(func, args, kwargs)
+    else:
+        metrics.bump("shape_inference.rule")
     rule = CPU_RULES.get(func)
     if rule is not None and config.backing_device.startswith("cpu"):
         result = rule(result, args, kwargs)
@@ -74,6 +78,13 @@ CPU_RULES: Dict[Any, Any] = {
     aten._native_batch_norm_legit_functional.default: _empty_batch_norm_stats(5),
     aten._native_batch_norm_legit_no_training.default: _empty_batch_norm_stats(None),
 }
+
+
+def own_rule(func: Any, args: tuple, kwargs: dict) -> Any:
+    """The output metadata from lazy's own rule for ``func`` (trace/shapes.py), or None."""
+    from .shapes import RULES
+    rule = RULES.get(func)
+    return None if rule is None else rule(args, kwargs)
 
 
 def _infer(func: Any, args: tuple, kwargs: dict) -> Any:
