@@ -1,4 +1,4 @@
-"""Known failures of the OpInfo conformance suite (tests/test_conformance.py).
+"""Known failures of the OpInfo conformance suites (tests/test_conformance.py, tests/test_conformance_autograd.py).
 
 Keys are ``(OpInfo name[.variant], dtype)``; the value says why, starting with its category:
 - ``"clear error: ..."``: lazy raises an error that names the problem and the fix (acceptable).
@@ -31,4 +31,9 @@ KNOWN_FAILURES: dict = {
     ("to_sparse", "int64"): _SPARSE,
     ("tensor_split", "float32"): _CPU_INDICES,
     ("tensor_split", "int64"): _CPU_INDICES,
+    # tests/test_conformance_autograd.py: gradients of the first float32 sample, keyed name + ".grad".
+    ("sparse.sampled_addmm.grad", "float32"): _SPARSE,
+    ("sparse.mm.reduce.grad", "float32"): _SPARSE,
+    ("to_sparse.grad", "float32"): _SPARSE,
+    ("tensor_split.grad", "float32"): _CPU_INDICES,
 }

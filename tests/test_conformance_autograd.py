@@ -1,0 +1,121 @@
+"""OpInfo autograd conformance: gradients of every differentiable op of ``op_db`` on lazy tensors match eager CPU's.
+
+For each OpInfo that supports autograd and float32 on CPU, the first float32 sample (``requires_grad=True``) runs
+eagerly on CPU: the sum of every floating output (complex ones: of both parts) is differentiated with ``torch.autograd.grad`` with respect to
+the sample's tensors that require grad. The same runs on lazy copies of the sample; the gradients are synced with
+``.cpu()`` and compared with ``assert_close``. Random ops compare only shape and dtype. Samples eager rejects are
+skipped and not counted.
+
+Known failures share ``conformance_known_failures.py`` under ``(name + ".grad", "float32")``; a known failure may
+raise, never return a wrong gradient.
+"""
+import gc
+import traceback
+
+import pytest
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+import lazy
+
+import test_conformance as tc
+from conformance_known_failures import KNOWN_FAILURES
+
+DTYPE = torch.float32
+# Ops whose first sample takes over ~2 s forward and backward (eager + lazy): not run by default.
+SLOW_OPS = frozenset()  # none so far: the whole file runs in under a minute
+
+CASES = [op for op in tc.op_db if op.supports_autograd and DTYPE in op.supported_dtypes("cpu")]
+RESULTS: dict = {}
+
+
+def _key(op):
+    return (tc.full_name(op) + ".grad", tc.dtype_name(DTYPE))
+
+
+def _leaves(sample):
+    return [v for v in tree_flatten(sample, is_leaf=tc._is_leaf)[0]
+            if isinstance(v, torch.Tensor) and v.requires_grad]
+
+
+def _grads(op, sample, on_lazy: bool):
+    out = tc._call(op, sample)
+    outs = [o for o in tree_flatten(out, is_leaf=tc._is_leaf)[0]
+            if isinstance(o, torch.Tensor) and (o.is_floating_point() or o.is_complex())]
+    # Complex outputs (fft, eig) count through both parts.
+    total = sum((torch.view_as_real(o) if o.is_complex() else o).sum() for o in outs)
+    inputs = _leaves(sample)
+    grads = torch.autograd.grad(total, inputs, allow_unused=True)
+    return [None if g is None else tc._sync(g, on_lazy) for g in grads]
+
+
+def _to_lazy(v):
+    if isinstance(v, torch.Tensor):
+        return v.detach().to("lazy").requires_grad_(v.requires_grad)
+    return tc._to_lazy(v)
+
+
+def _lazy_grads(op, pristine):
+    try:
+        with tc._lazy_mark_step_shim():
+            sample = tree_map(_to_lazy, pristine, is_leaf=tc._is_leaf)
+            return _grads(op, sample, tc._on_lazy(sample))
+    except Exception as error:  # noqa: BLE001 - reported below, once the lazy tensors are gone
+        message = f"{type(error).__name__}: {error}"
+        if tc.TRACEBACKS:
+            message += "\n" + "".join(traceback.format_exception(error))
+    gc.collect()
+    raise tc.LazyFailure(message)
+
+
+def _eager_clone(v):
+    return v.detach().clone().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("op", [pytest.param(op, id=tc.full_name(op)) for op in CASES])
+def test_grad(op):
+    key = _key(op)
+    known = KNOWN_FAILURES.get(key)
+    if tc.full_name(op) in SLOW_OPS or (known is not None and known.startswith("skip:")):
+        RESULTS[key] = "known"
+        pytest.skip(known or "slow: first sample takes over ~2 s")
+    torch.manual_seed(0)
+    RESULTS[key] = "fail"
+    sample = next(iter(op.sample_inputs("cpu", DTYPE, requires_grad=True)))
+    pristine = (sample.input, tuple(sample.args), dict(sample.kwargs))
+    try:
+        want = _grads(op, tree_map(_eager_clone, pristine, is_leaf=tc._is_leaf), on_lazy=False)
+        if not want:
+            raise ValueError("no input requires grad")
+    except Exception:  # noqa: BLE001 - eager rejects the sample: nothing to compare
+        RESULTS[key] = "eager-skip"
+        pytest.skip("eager cpu rejects the sample's backward")
+    torch.manual_seed(0)
+    try:
+        got = _lazy_grads(op, pristine)
+    except tc.LazyFailure as failure:
+        if known is not None:
+            RESULTS[key] = "known"
+            pytest.xfail(f"{known} [{failure}]"[:2000])
+        raise AssertionError(f"lazy raised where eager did not: {failure}") from None
+    # NOTE: a wrong gradient fails even for a known failure.
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        where = f"{tc.full_name(op)} grad {i}"
+        if w is None:
+            assert g is None or not g.any(), f"{where}: eager gives no gradient, lazy gives {g}"
+            continue
+        if g is None:
+            g = torch.zeros_like(w)  # lazy found the input unused: a zero gradient
+        tc._compare(g, w, tc.is_random(op), where)
+    RESULTS[key] = "pass"
+
+
+def test_grad_summary(capsys):
+    counted = {k: v for k, v in RESULTS.items() if v != "eager-skip"}
+    passed = sum(v == "pass" for v in counted.values())
+    with capsys.disabled():
+        print(f"\nlazy OpInfo autograd conformance: {passed}/{len(counted)} ops pass, "
+              f"{sum(v == 'known' for v in counted.values())} known failures/skips, "
+              f"{sum(v == 'fail' for v in counted.values())} failures")
