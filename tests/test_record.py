@@ -64,3 +64,8 @@ def test_shapes_checked_at_record_time_state_intact():
     with pytest.raises(RuntimeError):
         w @ torch.ones(4, 4).to(L)
     torch.testing.assert_close((w * 2).cpu(), torch.full((3, 3), 2.0))
+
+
+def test_record_time_errors_name_the_op_and_shapes():
+    with pytest.raises(RuntimeError, match=r"aten\.mm\.default: .*\[4, 7\] X \[20, 32\]"):
+        torch.ones(4, 7).to(L) @ torch.ones(20, 32).to(L)

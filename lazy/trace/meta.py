@@ -40,7 +40,13 @@ def infer(key: Any, func: Any, args: tuple, kwargs: dict) -> Any:
         pass
     result = own_rule(func, args, kwargs)
     if result is None:
-        result = _infer(func, args, kwargs)
+        try:
+            result = _infer(func, args, kwargs)
+        except (RuntimeError, ValueError, IndexError, TypeError) as error:
+            if type(error) not in _NAMED_ERRORS:
+                raise
+            # The eager error type, raised at the op that caused it, naming that op (meta kernels often don't).
+            raise type(error)(f"{func}: {error}") from None
     else:
         metrics.bump("shape_inference.rule")
     rule = CPU_RULES.get(func)
@@ -78,6 +84,9 @@ CPU_RULES: Dict[Any, Any] = {
     aten._native_batch_norm_legit_functional.default: _empty_batch_norm_stats(5),
     aten._native_batch_norm_legit_no_training.default: _empty_batch_norm_stats(None),
 }
+
+
+_NAMED_ERRORS = (RuntimeError, ValueError, IndexError, TypeError)
 
 
 def own_rule(func: Any, args: tuple, kwargs: dict) -> Any:
