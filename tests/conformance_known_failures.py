@@ -31,9 +31,14 @@ KNOWN_FAILURES: dict = {
     ("to_sparse", "int64"): _SPARSE,
     ("tensor_split", "float32"): _CPU_INDICES,
     ("tensor_split", "int64"): _CPU_INDICES,
-    # tests/test_conformance_autograd.py: gradients of the first float32 sample, keyed name + ".grad".
+    # tests/test_conformance_autograd.py: gradients of the first float32 sample, keyed name + ".grad"
+    # (".gradgrad" for double backward).
     ("sparse.sampled_addmm.grad", "float32"): _SPARSE,
     ("sparse.mm.reduce.grad", "float32"): _SPARSE,
     ("to_sparse.grad", "float32"): _SPARSE,
     ("tensor_split.grad", "float32"): _CPU_INDICES,
+    ("sparse.sampled_addmm.gradgrad", "float32"): _SPARSE,
+    ("sparse.mm.reduce.gradgrad", "float32"): _SPARSE,
+    ("to_sparse.gradgrad", "float32"): _SPARSE,
+    ("tensor_split.gradgrad", "float32"): _CPU_INDICES,
 }

@@ -1,12 +1,13 @@
 """OpInfo autograd conformance: gradients of every differentiable op of ``op_db`` on lazy tensors match eager CPU's.
 
-For each OpInfo that supports autograd and float32 on CPU, the first float32 sample (``requires_grad=True``) runs
-eagerly on CPU: the sum of every floating output (complex ones: of both parts) is differentiated with ``torch.autograd.grad`` with respect to
-the sample's tensors that require grad. The same runs on lazy copies of the sample; the gradients are synced with
-``.cpu()`` and compared with ``assert_close``. Random ops compare only shape and dtype. Samples eager rejects are
-skipped and not counted.
+For each OpInfo that supports autograd (for double backward: gradgrad) and float32 on CPU, the first float32 sample
+(``requires_grad=True``) runs eagerly on CPU: the sum of every floating output (complex ones: of both parts) is
+differentiated with ``torch.autograd.grad`` with respect to the sample's tensors that require grad (double
+backward: the sum of those gradients is differentiated again). The same runs on lazy copies of the sample; the
+gradients are synced with ``.cpu()`` and compared with ``assert_close``. Random ops compare only shape and dtype.
+Samples eager rejects are skipped and not counted.
 
-Known failures share ``conformance_known_failures.py`` under ``(name + ".grad", "float32")``; a known failure may
+Known failures share ``conformance_known_failures.py`` under ``(name + ".grad" or ".gradgrad", "float32")``; a known failure may
 raise, never return a wrong gradient.
 """
 import gc
@@ -29,8 +30,8 @@ CASES = [op for op in tc.op_db if op.supports_autograd and DTYPE in op.supported
 RESULTS: dict = {}
 
 
-def _key(op):
-    return (tc.full_name(op) + ".grad", tc.dtype_name(DTYPE))
+def _key(op, order: int = 1):
+    return (tc.full_name(op) + (".grad" if order == 1 else ".gradgrad"), tc.dtype_name(DTYPE))
 
 
 def _leaves(sample):
@@ -38,14 +39,19 @@ def _leaves(sample):
             if isinstance(v, torch.Tensor) and v.requires_grad]
 
 
-def _grads(op, sample, on_lazy: bool):
+def _total(tensors):
+    """The sum of every floating tensor; complex ones (fft, eig) count through both parts."""
+    outs = [o for o in tensors if isinstance(o, torch.Tensor) and (o.is_floating_point() or o.is_complex())]
+    return sum((torch.view_as_real(o) if o.is_complex() else o).sum() for o in outs)
+
+
+def _grads(op, sample, on_lazy: bool, order: int = 1):
     out = tc._call(op, sample)
-    outs = [o for o in tree_flatten(out, is_leaf=tc._is_leaf)[0]
-            if isinstance(o, torch.Tensor) and (o.is_floating_point() or o.is_complex())]
-    # Complex outputs (fft, eig) count through both parts.
-    total = sum((torch.view_as_real(o) if o.is_complex() else o).sum() for o in outs)
+    total = _total(tree_flatten(out, is_leaf=tc._is_leaf)[0])
     inputs = _leaves(sample)
-    grads = torch.autograd.grad(total, inputs, allow_unused=True)
+    grads = torch.autograd.grad(total, inputs, allow_unused=True, create_graph=order == 2)
+    if order == 2:  # double backward: differentiate the sum of the gradients again
+        grads = torch.autograd.grad(_total([g for g in grads if g is not None]), inputs, allow_unused=True)
     return [None if g is None else tc._sync(g, on_lazy) for g in grads]
 
 
@@ -55,11 +61,11 @@ def _to_lazy(v):
     return tc._to_lazy(v)
 
 
-def _lazy_grads(op, pristine):
+def _lazy_grads(op, pristine, order: int):
     try:
         with tc._lazy_mark_step_shim():
             sample = tree_map(_to_lazy, pristine, is_leaf=tc._is_leaf)
-            return _grads(op, sample, tc._on_lazy(sample))
+            return _grads(op, sample, tc._on_lazy(sample), order)
     except Exception as error:  # noqa: BLE001 - reported below, once the lazy tensors are gone
         message = f"{type(error).__name__}: {error}"
         if tc.TRACEBACKS:
@@ -75,7 +81,17 @@ def _eager_clone(v):
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("op", [pytest.param(op, id=tc.full_name(op)) for op in CASES])
 def test_grad(op):
-    key = _key(op)
+    _check(op, order=1)
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("op", [pytest.param(op, id=tc.full_name(op)) for op in CASES if op.supports_gradgrad])
+def test_gradgrad(op):
+    _check(op, order=2)
+
+
+def _check(op, order: int):
+    key = _key(op, order)
     known = KNOWN_FAILURES.get(key)
     if tc.full_name(op) in SLOW_OPS or (known is not None and known.startswith("skip:")):
         RESULTS[key] = "known"
@@ -85,7 +101,7 @@ def test_grad(op):
     sample = next(iter(op.sample_inputs("cpu", DTYPE, requires_grad=True)))
     pristine = (sample.input, tuple(sample.args), dict(sample.kwargs))
     try:
-        want = _grads(op, tree_map(_eager_clone, pristine, is_leaf=tc._is_leaf), on_lazy=False)
+        want = _grads(op, tree_map(_eager_clone, pristine, is_leaf=tc._is_leaf), on_lazy=False, order=order)
         if not want:
             raise ValueError("no input requires grad")
     except Exception:  # noqa: BLE001 - eager rejects the sample: nothing to compare
@@ -93,7 +109,7 @@ def test_grad(op):
         pytest.skip("eager cpu rejects the sample's backward")
     torch.manual_seed(0)
     try:
-        got = _lazy_grads(op, pristine)
+        got = _lazy_grads(op, pristine, order)
     except tc.LazyFailure as failure:
         if known is not None:
             RESULTS[key] = "known"
@@ -102,7 +118,7 @@ def test_grad(op):
     # NOTE: a wrong gradient fails even for a known failure.
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want)):
-        where = f"{tc.full_name(op)} grad {i}"
+        where = f"{tc.full_name(op)} {'grad' if order == 1 else 'gradgrad'} {i}"
         if w is None:
             assert g is None or not g.any(), f"{where}: eager gives no gradient, lazy gives {g}"
             continue
@@ -116,6 +132,6 @@ def test_grad_summary(capsys):
     counted = {k: v for k, v in RESULTS.items() if v != "eager-skip"}
     passed = sum(v == "pass" for v in counted.values())
     with capsys.disabled():
-        print(f"\nlazy OpInfo autograd conformance: {passed}/{len(counted)} ops pass, "
+        print(f"\nlazy OpInfo autograd conformance (grad and gradgrad): {passed}/{len(counted)} pass, "
               f"{sum(v == 'known' for v in counted.values())} known failures/skips, "
               f"{sum(v == 'fail' for v in counted.values())} failures")
