@@ -7,8 +7,8 @@ backward: the sum of those gradients is differentiated again). The same runs on 
 gradients are synced with ``.cpu()`` and compared with ``assert_close``. Random ops compare only shape and dtype.
 Samples eager rejects are skipped and not counted.
 
-Known failures share ``conformance_known_failures.py`` under ``(name + ".grad" or ".gradgrad", "float32")``; a known failure may
-raise, never return a wrong gradient.
+Known failures share ``conformance_known_failures.py`` under ``(name + ".grad" or ".gradgrad", "float32")``;
+a known failure may raise, never return a wrong gradient.
 """
 import gc
 import traceback
