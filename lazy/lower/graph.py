@@ -39,7 +39,8 @@ class Extern:
 
     def __init__(self, fn: Any, args: tuple, kwargs: tuple, inputs: List[kir.Buffer], slots: List[int],
                  outputs: List[Optional[kir.Buffer]]) -> None:
-        self.fn, self.args, self.kwargs, self.inputs, self.slots, self.outputs = fn, args, kwargs, inputs, slots, outputs
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+        self.inputs, self.slots, self.outputs = inputs, slots, outputs
         self.name = op_name(fn)
 
 
@@ -208,7 +209,8 @@ def _lower_decomposed(out: Lowered, dec: Any, ins: List[Any], slot: int) -> Any:
             except Exception:  # noqa: BLE001 -- as in _lower_node
                 v = None
         if v is None:
-            v = _extern_fx(out, target, args, kwargs, a, kw, slot, metas if metas is not None else meta, metas is not None)
+            v = _extern_fx(out, target, args, kwargs, a, kw, slot, metas if metas is not None else meta,
+                           metas is not None)
         vals.append(v)
     return conv(dec.result)
 
