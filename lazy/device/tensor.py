@@ -174,22 +174,6 @@ def adopt(dst: LazyTensor, src: LazyTensor) -> None:
     dst._lz_cache = src._lz_cache
 
 
-def storage_numel(shape: tuple, stride: tuple, offset: int = 0) -> int:
-    """Elements a storage needs to hold a tensor of this shape and stride at this offset."""
-    if any(s == 0 for s in shape):
-        return offset
-    return offset + 1 + sum((n - 1) * s for n, s in zip(shape, stride))
-
-
-def contiguous_stride(shape: tuple) -> tuple:
-    stride = []
-    acc = 1
-    for n in reversed(shape):
-        stride.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(stride))
-
-
 def live_storages() -> list:
     """Every live storage (see _LIVE), oldest first."""
     return sorted(_LIVE, key=_serial)

@@ -10,7 +10,7 @@ identity, so a hash collision can never return the wrong graph.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Sequence
 
 import torch
 
@@ -98,7 +98,3 @@ def _format_template(value, inputs) -> str:
 def _short_dtype(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
-
-def graph_summary(lin: Linearized) -> Tuple[int, int]:
-    """(nodes, data leaves) of a linearized graph."""
-    return len(lin.order), len(lin.leaves)

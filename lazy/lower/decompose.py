@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import torch
 

@@ -9,7 +9,7 @@ must be: graph outputs, extern inputs, and shared values too big to recompute.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 

@@ -18,6 +18,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..ir.layout import contiguous_stride
+
 INDEX = torch.int64
 
 
@@ -60,7 +62,7 @@ class Buffer:
         self.id = id_
         self.shape = tuple(shape)
         self.dtype = dtype
-        self.strides = tuple(strides) if strides is not None else contiguous_strides(self.shape)
+        self.strides = tuple(strides) if strides is not None else contiguous_stride(self.shape)
         self.kind = kind  # "leaf" | "extern" | "temp" | "output"
 
     def __repr__(self) -> str:
@@ -97,14 +99,6 @@ def reset_names() -> None:
     """Restart variable numbering: a compile then names its variables the same way in every process."""
     global _NAMES
     _NAMES = itertools.count()
-
-
-def contiguous_strides(shape: Sequence[int]) -> Tuple[int, ...]:
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 # ---- leaves -----------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import Any, Callable, List, Sequence
 
 import torch
 
+from ..ir.layout import contiguous_stride
 from . import kir, values
 from .pointwise import LOWERINGS, register
 from .values import TVal, Unlowerable, check_dtype, norm_dim
@@ -25,8 +26,8 @@ def _view(args: list, kwargs: dict, meta: tuple) -> TVal:
         raise Unlowerable("view of a non-tensor, or a dtype view (reinterprets bits)")
     if shape == x.shape:
         return x
-    out_strides = kir.contiguous_strides(shape)
-    in_strides = kir.contiguous_strides(x.shape)
+    out_strides = contiguous_stride(shape)
+    in_strides = contiguous_stride(x.shape)
 
     def fn(idx: Sequence[kir.Expr]) -> kir.Expr:
         flat = ZERO

@@ -13,7 +13,7 @@ which step it is dead. A backend is asked for its limits through ``Limits``; the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 from ..lower import kir
 from ..lower.graph import Extern, Lowered, Store

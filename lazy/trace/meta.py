@@ -22,10 +22,6 @@ class Out(tuple):
 
     __slots__ = ()
 
-    @property
-    def desc(self) -> tuple:
-        return self[:4]
-
 
 class Unrecordable(Exception):
     """Neither a meta kernel nor FakeTensorMode can infer this call's output metadata."""

@@ -9,7 +9,7 @@ to eager execution on the backing device, counted and warned about once.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 import torch._prims_common
@@ -17,9 +17,10 @@ import torch._prims_common
 from .. import sync as _sync
 from ..config import config
 from ..debug import metrics
-from ..debug.log import enabled, log
-from ..device.tensor import LazyTensor, Storage, adopt, contiguous_stride, new_tensor, storage_numel, wrap
-from ..ir.node import GETITEM, SCALAR_MARKERS, TENSOR, DEVICE, GENERATOR, Node, data_leaf, getitem
+from ..debug.log import log
+from ..device.tensor import LazyTensor, Storage, adopt, new_tensor, wrap
+from ..ir.layout import contiguous_stride, storage_numel
+from ..ir.node import DEVICE, GENERATOR, SCALAR_MARKERS, TENSOR, Node, data_leaf, getitem
 from ..ir.ops import functionalized, seeded
 from ..runtime.reference import eager_dispatch
 from . import views

@@ -12,12 +12,14 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
+from ..ir.layout import contiguous_stride, storage_numel
+
 aten = torch.ops.aten
 
 
 def _contiguous_float(t: Any) -> Optional[tuple]:
     """``t``'s (shape, stride, offset, dtype) if it is a contiguous, non-empty, floating lazy tensor."""
-    from ..device.tensor import LazyTensor, contiguous_stride
+    from ..device.tensor import LazyTensor
     if type(t) is not LazyTensor:
         return None
     desc = t._lz_desc
@@ -30,10 +32,7 @@ def _contiguous_float(t: Any) -> Optional[tuple]:
 def _fresh(desc: tuple) -> Any:
     from .meta import Out
     shape, stride, _, dtype = desc
-    numel = 1
-    for n in shape:
-        numel *= n
-    return Out((shape, stride, 0, dtype, numel))
+    return Out((shape, stride, 0, dtype, storage_numel(shape, stride)))
 
 
 def _unary(args: tuple, kwargs: dict) -> Any:
