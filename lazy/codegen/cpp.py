@@ -17,6 +17,7 @@ import torch
 from ..lower import kir
 from ..lower.kir import Expr
 from ..schedule import Kernel, Limits, Schedule
+from . import cpp_math
 
 LIMITS = Limits(max_buffers=64, parallel_threshold=1 << 15)
 
@@ -25,9 +26,7 @@ CTYPES: Dict[torch.dtype, str] = {
     torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
 }
 
-PRELUDE = r"""#include <cmath>
-#include <cstdint>
-#include <limits>
+PRELUDE = "#include <cstdint>\n#include <limits>\n" + cpp_math.CMATH_SHIM + cpp_math.SOURCE + r"""
 static int lz_err = 0;
 template <typename T> static inline T lz_idiv_trunc(T a, T b) { if (b == 0) { lz_err = 1; return 0; } return a / b; }
 template <typename T> static inline T lz_idiv_floor(T a, T b) {
@@ -84,12 +83,12 @@ TEMPLATES: Dict[str, Callable[..., str]] = {
     "relu": _by_kind("(({0} != {0} || {0} > {T}(0)) ? {0} : {T}(0))", "({0} > 0 ? {0} : {T}(0))"),
     "sign": _by_kind("({0} != {0} ? {0} : {T}(({0} > {T}(0)) - ({0} < {T}(0))))",
                      "static_cast<{T}>(({0} > 0) - ({0} < 0))"),
-    "sigmoid": _f("({T}(1) / ({T}(1) + std::exp(-{0})))"),
+    "sigmoid": _f("({T}(1) / ({T}(1) + lz_exp(-{0})))"),  # eager's formula, vectorized exp
     "rsqrt": _f("({T}(1) / std::sqrt({0}))"),
     "reciprocal": _f("({T}(1) / {0})"),
     "round": _f("std::nearbyint({0})"),
-    "gelu": _f("({T}(0.5) * {0} * ({T}(1) + std::erf({0} * {T}(M_SQRT1_2))))"),
-    "gelu_tanh": _f("({T}(0.5) * {0} * ({T}(1) + std::tanh({T}(M_SQRT2 * M_2_SQRTPI * 0.5) * "
+    "gelu": _f("({T}(0.5) * {0} * ({T}(1) + lz_erf({0} * {T}(M_SQRT1_2))))"),
+    "gelu_tanh": _f("({T}(0.5) * {0} * ({T}(1) + lz_tanh({T}(M_SQRT2 * M_2_SQRTPI * 0.5) * "
                     "({0} + {T}(0.044715) * {0} * {0} * {0}))))"),
     "maximum": _f("lz_max<{T}>({0}, {1})"),
     "minimum": _f("lz_min<{T}>({0}, {1})"),
@@ -106,6 +105,8 @@ TEMPLATES: Dict[str, Callable[..., str]] = {
 for _name in ("exp", "log", "tanh", "sqrt", "sin", "cos", "erf", "log1p", "expm1", "log2", "exp2", "floor", "ceil",
               "trunc", "atan", "asin", "acos", "sinh", "cosh", "tan", "erfc", "log10"):
     TEMPLATES[_name] = _math(_name)
+for _name in ("exp", "log", "tanh", "sin", "cos", "erf", "log1p", "expm1"):
+    TEMPLATES[_name] = _f(f"lz_{_name}({{0}})")  # vectorizable (Note [Vectorized math] in cpp_math.py)
 # bool arithmetic is logical, as in eager
 BOOL_TEMPLATES: Dict[str, Callable[..., str]] = {"add": _f("({0} || {1})"), "mul": _f("({0} && {1})"),
                                                  "maximum": _f("({0} || {1})"), "minimum": _f("({0} && {1})")}

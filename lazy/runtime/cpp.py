@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import platform
 import shlex
 import subprocess
 import tempfile
@@ -30,9 +31,14 @@ from ..schedule import Kernel, format_schedule, schedule
 from .reference import Program as ReferenceProgram
 from .reference import run_node
 
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-fno-trapping-math") \
+    + (("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64") else ())
 # NOTE: no -ffast-math: results must match eager (NaN/inf semantics, no reassociation). -fno-math-errno only lets
 # sqrt & co. compile to instructions instead of libm calls that set errno; values are unchanged.
+# -fno-trapping-math only gives up the floating-point exception *flags* (nothing reads them; values, NaN/inf and
+# signed zeros are unchanged); without it g++ will not if-convert selects or vectorize floor/ceil, so the math of
+# cpp_math.py would stay scalar. -mprefer-vector-width=512: where AVX-512 exists, the kernels (compute-bound math)
+# use 16-float vectors: the 200-op chain at 1024^2 runs in 183 ms instead of 328 ms (measured under load ~3.5).
 
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
 
