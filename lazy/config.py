@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from . import _C
+
 
 @dataclass(frozen=True)
 class Knob:
@@ -49,12 +51,18 @@ class _Config:
     def __init__(self) -> None:
         for knob in KNOBS:
             raw = os.environ.get(knob.env)
-            object.__setattr__(self, knob.name, knob.default if raw is None else knob.parse(raw))
+            self._set(knob.name, knob.default if raw is None else knob.parse(raw))
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in _NAMES:
             raise AttributeError(f"lazy.config has no knob {name!r}; knobs: {sorted(_NAMES)}")
+        self._set(name, value)
+
+    def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
+        if name == "debug":
+            # The C fast path of the recorder (csrc/record.cpp) logs nothing: level 4 (every traced op) turns it off.
+            _C.set_fast_path(int(value) < 4)
 
     @contextlib.contextmanager
     def override(self, **values: Any) -> Iterator[None]:
@@ -66,7 +74,7 @@ class _Config:
             yield
         finally:
             for name, value in old.items():
-                object.__setattr__(self, name, value)
+                self._set(name, value)
 
     def describe(self) -> str:
         """One line per knob: name, current value, env var and help."""

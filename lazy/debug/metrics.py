@@ -1,14 +1,15 @@
 """Counters and timings of everything lazy does: traced ops, syncs by cause, cache hits, compiles, fallbacks.
 
-The hot path (one recorded op) bumps a plain module-level int; everything else goes through ``bump``.
+The recorder's hot path (csrc/record.cpp) counts traced ops in C; everything else goes through ``bump``.
 """
 from __future__ import annotations
 
 import collections
 from typing import Dict
 
+from .. import _C
+
 _counts: Dict[str, float] = collections.defaultdict(float)
-traced_ops = 0  # bumped directly by the recorder: a global int is the cheapest counter Python has
 
 
 def bump(name: str, amount: float = 1) -> None:
@@ -20,6 +21,7 @@ def counters() -> Dict[str, float]:
     ``compile_time_s``, ``executed_graphs``, ``executed_nodes``, ``fallback.<op>``, ``bytes_to_device``,
     ``bytes_from_device``, ... Counters never bumped are absent (read them with ``.get(name, 0)``)."""
     snap = {k: (int(v) if float(v).is_integer() else v) for k, v in _counts.items() if v}
+    traced_ops = _C.traced_ops()
     if traced_ops:
         snap["traced_ops"] = traced_ops
     return dict(sorted(snap.items()))
@@ -38,9 +40,8 @@ def cache_summary() -> str:
 
 def reset() -> None:
     """Zero every counter."""
-    global traced_ops
     _counts.clear()
-    traced_ops = 0
+    _C.reset_counters()
 
 
 def report() -> str:

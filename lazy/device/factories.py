@@ -24,8 +24,6 @@ def register() -> None:
         raise RuntimeError("lazy: another lazy-tensor backend (torch._lazy / LTC) already owns the Lazy dispatch key "
                            "in this process; lazy and torch._lazy cannot be used in the same process")
     from ..trace.record import dispatch
-    from .tensor import install_dispatch
-    install_dispatch(dispatch)
     lib = torch.library.Library("_", "IMPL")
     lib.fallback(lambda op, *args, **kwargs: dispatch(op, args, kwargs), "Lazy")
     aten_lib = torch.library.Library("aten", "IMPL")

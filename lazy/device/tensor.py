@@ -12,12 +12,11 @@ dataflow graph (Note [IR values are logical]).
 """
 from __future__ import annotations
 
-import itertools
-import weakref
 from typing import Any, Optional, Tuple
 
 import torch
 
+from .. import _C
 from ..ir.node import DATA, Node
 
 LAZY_DEVICE = torch.device("lazy", 0)
@@ -26,26 +25,13 @@ LAZY_DEVICE = torch.device("lazy", 0)
 Desc = Tuple[tuple, tuple, int, torch.dtype]
 
 
-class Storage:
-    """The functional stand-in for a storage: the current value of its base tensor (Note [Storages and views])."""
-
-    __slots__ = ("value", "version", "shape", "stride", "numel", "serial", "failed", "__weakref__")
-
-    def __init__(self, value: Node, shape: tuple, stride: tuple, numel: int) -> None:
-        self.serial = next(_SERIAL)  # creation order: mark_step orders its outputs by it, for a stable graph key
-        self.failed: Optional[Node] = None  # a value whose graph raised: later mark_steps leave it alone
-        self.value = value
-        self.version = 0
-        self.shape = shape
-        self.stride = stride
-        self.numel = numel
-        _LIVE.add(self)
-
-
-# Every storage alive: mark_step syncs those whose value is not data yet. Storages, not tensors, are tracked,
-# because swap_tensors (Module.to) refuses tensors that have weak references.
-_LIVE: "weakref.WeakSet[Storage]" = weakref.WeakSet()
-_SERIAL = itertools.count()
+# The functional stand-in for a storage: the current value of its base tensor (Note [Storages and views]).
+# ``Storage(value, shape, stride, numel)`` has the fields value, version, shape, stride, numel, serial (creation
+# order: mark_step orders its outputs by it, for a stable graph key) and failed (a value whose graph raised: later
+# mark_steps leave it alone). It is a C type (csrc/ir.cpp) that keeps every live storage in a registry, so
+# mark_step finds what to sync without tracking tensors (swap_tensors, behind Module.to, refuses tensors that have
+# weak references).
+Storage = _C.Storage
 
 
 class LazyTensor(torch.Tensor):
@@ -55,15 +41,15 @@ class LazyTensor(torch.Tensor):
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     _lz_st: Storage
-    _lz_chain: Optional[tuple]
-    _lz_cache: Optional[Tuple[int, Node]]
     _lz_desc: Desc
+    # A base tensor has no view chain and no cached value: class-level defaults, so creating one stores two
+    # attributes, not four.
+    _lz_chain: Optional[tuple] = None
+    _lz_cache: Optional[Tuple[int, Node]] = None
 
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
-        # Replaced by install_dispatch() when lazy is imported; this import per call would cost ~2 us per op.
-        from ..trace.record import dispatch
-        return dispatch(func, args, kwargs or {})
+    # The recorder's entry: csrc/record.cpp records the common calls itself and hands the rest to
+    # trace/record.py's dispatch_slow (which configures it when imported).
+    __torch_dispatch__ = classmethod(_C.torch_dispatch)
 
     # Traceable-subclass protocol: makes Module._apply swap parameters in place (torch.utils.swap_tensors),
     # which keeps parameter identity and weight tying across model.to("lazy").
@@ -137,15 +123,6 @@ class LazyTensor(torch.Tensor):
         adopt(self, new)
 
 
-def install_dispatch(dispatch: Any) -> None:
-    """Make ``dispatch(func, args, kwargs)`` the recorder of every op on lazy tensors (hot path: one frame)."""
-
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN202, N807
-        return dispatch(func, args, kwargs or {})
-
-    LazyTensor.__torch_dispatch__ = classmethod(__torch_dispatch__)
-
-
 _make = torch.Tensor._make_wrapper_subclass
 
 
@@ -156,8 +133,9 @@ def wrap(desc: Desc, storage: Storage, chain: Optional[tuple] = None, cache: Opt
     t = _make(LazyTensor, shape, stride, offset, None, dtype, torch.strided, LAZY_DEVICE)
     t._lz_desc = desc
     t._lz_st = storage
-    t._lz_chain = chain
-    t._lz_cache = cache
+    if chain is not None:
+        t._lz_chain = chain
+        t._lz_cache = cache
     return t
 
 
@@ -175,14 +153,10 @@ def adopt(dst: LazyTensor, src: LazyTensor) -> None:
 
 
 def live_storages() -> list:
-    """Every live storage (see _LIVE), oldest first."""
-    return sorted(_LIVE, key=_serial)
+    """Every live storage, oldest first."""
+    return _C.live_storages()
 
 
 def pending_storages() -> list:
     """Live storages whose value is still IR (and not a value whose graph already failed), oldest first."""
-    return [st for st in live_storages() if st.value.op is not DATA and st.value is not st.failed]
-
-
-def _serial(st: Storage) -> int:
-    return st.serial
+    return [st for st in _C.live_storages() if st.value.op is not DATA and st.value is not st.failed]

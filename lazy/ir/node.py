@@ -17,6 +17,8 @@ from typing import Any, Callable, Optional, Tuple
 
 import torch
 
+from .. import _C
+
 
 class _Marker:
     __slots__ = ("name",)
@@ -71,51 +73,22 @@ GETITEM = Op("getitem", _no_op)
 
 
 # Note [Interned signatures]
-# A node's signature is everything but its inputs and runtime values: (op, args, kwargs, shape, dtype, metas).
+# A node's signature is everything but its inputs and runtime values: (id(op), args, kwargs, shape, dtype, metas).
 # Signatures are interned, so structurally equal nodes share one signature object and ``id(sig)`` is an exact
-# structural identity: graph keys are built from these ids, never from hash values, which collide (CPython
-# hashes -1 like -2, so dims -1 and -2 would otherwise be one key). The table only grows with distinct
-# signatures, like the shape memo.
-_SIGNATURES: dict = {}
+# structural identity: graph keys are built from these ids (Note [Graph key] in ir/graph.py), never from hash
+# values, which collide (CPython hashes -1 like -2, so dims -1 and -2 would otherwise be one key). The table only
+# grows with distinct signatures, like the shape memo. It lives in lazy._C, whose recording fast path interns too.
+_SIGNATURES: dict = _C.signatures()
 
 
-class Node:
-    """An immutable IR node.
-
-    ``shape``/``dtype`` describe the single output; an op with several outputs gives a node with ``shape=None``
-    whose outputs are read by ``getitem`` nodes and described by ``metas`` (a tuple of ``(shape, dtype)`` or None).
-    ``sig`` is the interned signature (Note [Interned signatures]); ``hash`` covers it and the inputs' hashes,
-    computed once here, never from data.
-    """
-
-    __slots__ = ("op", "args", "kwargs", "inputs", "scalars", "shape", "dtype", "metas", "data", "sig", "hash")
-
-    def __init__(self, op: Any, args: tuple, kwargs: tuple, inputs: Tuple["Node", ...], scalars: tuple,
-                 shape: Optional[tuple], dtype: Optional[torch.dtype], metas: Optional[tuple] = None,
-                 data: Optional[torch.Tensor] = None) -> None:
-        # id(op): ops are immortal (ATen overloads, cached internal Ops) and OpOverload.__hash__ is a Python method
-        sig = (id(op), args, kwargs, shape, dtype, metas)
-        sig = _SIGNATURES.setdefault(sig, sig)
-        self.sig = sig
-        self.op = op
-        self.args = args
-        self.kwargs = kwargs
-        self.inputs = inputs
-        self.scalars = scalars
-        self.shape = shape
-        self.dtype = dtype
-        self.metas = metas
-        self.data = data
-        self.hash = hash((id(sig), *[i.hash for i in inputs])) if inputs else id(sig)
-
-    @property
-    def is_data(self) -> bool:
-        return self.op is DATA
-
-    def __repr__(self) -> str:
-        name = getattr(self.op, "name", None)
-        name = name() if callable(name) else (name or str(self.op))
-        return f"Node({name}, shape={self.shape}, dtype={self.dtype}, inputs={len(self.inputs)})"
+# Node(op, args, kwargs, inputs, scalars, shape, dtype, metas=None, data=None): an immutable IR node, a C type
+# (csrc/ir.cpp) so that the recorder's fast path creates nodes without running Python and the garbage collector
+# never walks a graph. ``shape``/``dtype`` describe the single output; an op with several outputs gives a node
+# with ``shape=None`` whose outputs are read by ``getitem`` nodes and described by ``metas`` (a tuple of
+# ``(shape, dtype)`` or None). ``sig`` is the interned signature (Note [Interned signatures]), computed once at
+# construction, never from data; ``is_data`` tells a data leaf.
+Node = _C.Node
+_C.set_data_op(DATA)
 
 
 def data_leaf(tensor: torch.Tensor) -> Node:

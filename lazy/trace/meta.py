@@ -14,7 +14,7 @@ import torch
 from ..config import config
 from ..debug import metrics
 
-_MEMO: Dict[Any, Any] = {}
+MEMO: Dict[Any, Any] = {}
 
 
 class Out(tuple):
@@ -31,7 +31,7 @@ def infer(key: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     """The memoized output metadata of ``func(*args, **kwargs)``: an ``Out``, None, a tuple/list of them, or a
     plain value. Raises the eager error for invalid calls, ``Unrecordable`` when inference is impossible."""
     try:
-        return _MEMO[key]
+        return MEMO[key]
     except KeyError:
         pass
     result = own_rule(func, args, kwargs)
@@ -48,7 +48,7 @@ def infer(key: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     rule = CPU_RULES.get(func)
     if rule is not None and config.backing_device.startswith("cpu"):
         result = rule(result, args, kwargs)
-    _MEMO[key] = result
+    MEMO[key] = result
     return result
 
 
@@ -177,4 +177,6 @@ class UnsupportedLayout(RuntimeError):
 
 def clear() -> None:
     """Forget every memoized signature (tests use it to measure the cold path)."""
-    _MEMO.clear()
+    from .. import _C
+    MEMO.clear()
+    _C.clear_fast_cache()  # the recorder's fast path caches what it found in MEMO

@@ -14,17 +14,18 @@ from typing import Any, Callable, Dict, Optional
 import torch
 import torch._prims_common
 
+from .. import _C
 from .. import sync as _sync
 from ..config import config
 from ..debug import metrics
 from ..debug.log import log
-from ..device.tensor import LazyTensor, Storage, adopt, new_tensor, wrap
+from ..device.tensor import LAZY_DEVICE, LazyTensor, Storage, adopt, new_tensor, wrap
 from ..ir.layout import contiguous_stride, storage_numel
 from ..ir.node import DEVICE, GENERATOR, SCALAR_MARKERS, TENSOR, Node, data_leaf, getitem
 from ..ir.ops import functionalized, seeded
 from ..runtime.reference import eager_dispatch
 from . import views
-from .meta import Out, Unrecordable, UnsupportedLayout, infer
+from .meta import MEMO, Out, Unrecordable, UnsupportedLayout, infer
 from .schema import RUNTIME_MEMO_VALUE, STATIC, OpDesc, describe
 
 aten = torch.ops.aten
@@ -193,7 +194,7 @@ def record_view(func: Any, args: tuple, kwargs: dict) -> Any:
     desc = describe(func)
     base = args[0]
     targs, tkw, ins, scs, memo = flatten(desc, args, kwargs)
-    out = infer((func, targs, tkw, tuple(memo)), func, args, kwargs)
+    out = infer((desc, targs, tkw, tuple(memo)), func, args, kwargs)
     st = base._lz_st
     if func is aten.as_strided.default:
         return _view_tensor(out, base, views.as_strided_step(out[:4], st), reset=True)
@@ -586,13 +587,22 @@ def _unrecordable_handler(func: Any, args: tuple, kwargs: dict) -> Any:
 _HANDLERS: Dict[Any, Callable[..., Any]] = {}
 
 
-def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
-    """``LazyTensor.__torch_dispatch__`` and the Lazy-key fallback: record ``func`` (see module doc)."""
+def _handler(func: Any) -> Callable[..., Any]:
+    handler = _HANDLERS[id(func)] = _choose(func)
+    desc = describe(func) if isinstance(func, torch._ops.OpOverload) else None
+    fast_functional = handler is record_functional and not desc.random
+    if fast_functional or (handler is record_view and func is not aten.as_strided.default):
+        # From now on csrc/record.cpp records the calls of func whose metadata is memoized, exactly as
+        # record_functional / record_view would (same template, memo key, signature and tensor attributes).
+        _C.register_op(func, desc, tuple(desc.kinds), dict(desc.kw_kinds), not fast_functional)
+    return handler
+
+
+def dispatch_slow(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Record ``func`` (see module doc): what ``LazyTensor.__torch_dispatch__`` (csrc/record.cpp) does not record
+    itself, which counted the op already."""
     # NOTE: keyed by id(func): OpOverloads live as long as the process and their __hash__ is a Python method.
-    handler = _HANDLERS.get(id(func))
-    if handler is None:
-        handler = _HANDLERS[id(func)] = _choose(func)
-    metrics.traced_ops += 1
+    handler = _HANDLERS.get(id(func)) or _handler(func)
     if config.debug >= 4:
         log(4, f"trace {func}")
     try:
@@ -600,3 +610,13 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     except Unrecordable as error:
         _unrecordable(func, error)
         return eager_fallback(func, args, kwargs, cause="fallback")
+
+
+def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
+    """The recorder's entry from the Lazy dispatch key (factories, ``x.to("lazy")``): count the op, record it."""
+    _C.bump_traced_ops()
+    return dispatch_slow(func, args, kwargs)
+
+
+_C.configure(LazyTensor, Out, torch.dtype, torch.Tensor._make_wrapper_subclass, LAZY_DEVICE, torch.strided,
+             TENSOR, SCALAR_MARKERS, MEMO, dispatch_slow, _value, views.ViewStep)

@@ -1,0 +1,69 @@
+// The IR objects of the recording hot path, as C types: Node (lazy/ir/node.py) and Storage (lazy/device/tensor.py).
+//
+// They were Python classes with __slots__; as C types, creating one runs no Python frame, attribute reads cost
+// what slot reads cost, and the registry of live storages is an intrusive list instead of a WeakSet whose
+// removal callback is Python. Neither type takes part in garbage collection: a Node references only other
+// Nodes, templates, scalars and backing-device data; a Storage references its Node; nothing refers back.
+#pragma once
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+namespace lazy {
+
+struct NodeObject {
+  PyObject_HEAD
+  PyObject* op;
+  PyObject* args;
+  PyObject* kwargs;
+  PyObject* inputs;
+  PyObject* scalars;
+  PyObject* shape;
+  PyObject* dtype;
+  PyObject* metas;
+  PyObject* data;
+  PyObject* sig;
+};
+
+struct StorageObject {
+  PyObject_HEAD
+  PyObject* value;
+  PyObject* shape;
+  PyObject* stride;
+  PyObject* failed;
+  long long version;
+  long long numel;
+  long long serial;
+  StorageObject* prev;  // the live registry: a circular list in creation order, unlinked by dealloc
+  StorageObject* next;
+  PyObject* weakreflist;
+};
+
+extern PyTypeObject NodeType;
+extern PyTypeObject StorageType;
+
+// Readies both types; returns false with a Python error set on failure.
+bool init_ir_types();
+
+// The table of interned signatures (Note [Interned signatures] in lazy/ir/node.py). Borrowed.
+PyObject* signatures();
+
+// The interned signature (op, args, kwargs, shape, dtype, metas): a new reference, or NULL with an error.
+PyObject* intern_signature(PyObject* op, PyObject* args, PyObject* kwargs, PyObject* shape, PyObject* dtype,
+                           PyObject* metas);
+
+// The op of data leaves (lazy.ir.node.DATA), for Node.is_data.
+void set_data_op(PyObject* op);
+
+// A new node with every field given; steals nothing.
+PyObject* make_node(PyObject* op, PyObject* args, PyObject* kwargs, PyObject* inputs,
+                    PyObject* scalars, PyObject* shape, PyObject* dtype, PyObject* metas, PyObject* data,
+                    PyObject* sig);
+
+// A new storage holding ``value``, registered as live.
+PyObject* make_storage(PyObject* value, PyObject* shape, PyObject* stride, long long numel);
+
+// Every live storage, oldest first (a new list).
+PyObject* live_storages();
+
+}  // namespace lazy

@@ -1,0 +1,54 @@
+// lazy._C: the C parts of lazy (pybind11 module). Today: the recording hot path (record.cpp) and the IR objects
+// it creates (ir.cpp). Hot entry points are plain CPython functions (METH_FASTCALL): pybind11's argument
+// conversion would cost more than the work they do.
+#include <pybind11/pybind11.h>
+
+#include "ir.h"
+#include "record.h"
+
+namespace py = pybind11;
+
+namespace {
+
+PyObject* live_storages(PyObject*, PyObject*) { return lazy::live_storages(); }
+
+PyObject* signatures(PyObject*, PyObject*) {
+  PyObject* table = lazy::signatures();
+  Py_INCREF(table);
+  return table;
+}
+
+#define FASTCALL(fn) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fn))
+
+PyObject* set_data_op(PyObject*, PyObject* op) {
+  lazy::set_data_op(op);
+  Py_RETURN_NONE;
+}
+
+PyMethodDef methods[] = {
+    {"set_data_op", set_data_op, METH_O, "Tell Node.is_data which op marks data leaves."},
+    {"torch_dispatch", FASTCALL(lazy::torch_dispatch), METH_FASTCALL | METH_KEYWORDS,
+     "LazyTensor.__torch_dispatch__(cls, func, types, args=(), kwargs=None): record func (lazy/trace/record.py)."},
+    {"configure", FASTCALL(lazy::configure), METH_FASTCALL, "Hand the hot path the Python objects it uses."},
+    {"register_op", FASTCALL(lazy::register_op), METH_FASTCALL,
+     "register_op(func, desc, kinds, kw_kinds, view): record func on the fast path once its call is memoized."},
+    {"clear_fast_cache", lazy::clear_fast_cache, METH_NOARGS, "Forget the fast path's signature cache."},
+    {"set_fast_path", lazy::set_fast_path, METH_O, "Enable or disable the fast path."},
+    {"traced_ops", lazy::traced_ops, METH_NOARGS, "How many ops reached the recorder."},
+    {"bump_traced_ops", lazy::bump_traced_ops, METH_NOARGS, "Count one op that entered through the Lazy key."},
+    {"reset_counters", lazy::reset_counters, METH_NOARGS, "Zero traced_ops and the fast-path statistics."},
+    {"fast_path_stats", lazy::fast_path_stats, METH_NOARGS, "(hits, misses) of the fast path."},
+    {"live_storages", live_storages, METH_NOARGS, "Every live Storage, oldest first."},
+    {"signatures", signatures, METH_NOARGS, "The table of interned node signatures."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "lazy's C parts: the recording hot path and the IR objects it creates";
+  if (!lazy::init_ir_types()) throw py::error_already_set();
+  m.add_object("Node", py::handle(reinterpret_cast<PyObject*>(&lazy::NodeType)));
+  m.add_object("Storage", py::handle(reinterpret_cast<PyObject*>(&lazy::StorageType)));
+  if (PyModule_AddFunctions(m.ptr(), methods) != 0) throw py::error_already_set();
+}

@@ -1,0 +1,468 @@
+// The recording hot path: LazyTensor.__torch_dispatch__ in C.
+//
+// Every op on a lazy tensor enters here. A functional op (registered by lazy/trace/record.py after its first
+// call) whose arguments are lazy tensors, Python numbers, int lists, None, strings and dtypes is recorded
+// without running Python: the argument template and shape-memo key are built exactly as record.py's
+// ``flatten`` builds them, the memoized output metadata and interned signature are found in one dict, and the
+// Node, Storage and wrapper tensor are made directly. Anything else -- a first call whose metadata is not
+// memoized yet, keyword arguments, lists of tensors, views, in-place ops, random ops -- goes to the Python
+// recorder (``dispatch_slow``), which stays the reference for what recording means.
+#include "record.h"
+
+#include <unordered_map>
+#include <vector>
+
+#include "ir.h"
+
+namespace lazy {
+
+namespace {
+
+// An owned reference (released on scope exit).
+class Ref {
+ public:
+  Ref() = default;
+  explicit Ref(PyObject* p) : p_(p) {}
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+  Ref& operator=(Ref&& other) noexcept {
+    Py_XSETREF(p_, other.release());
+    return *this;
+  }
+  ~Ref() { Py_XDECREF(p_); }
+  PyObject* get() const { return p_; }
+  PyObject* release() {
+    PyObject* p = p_;
+    p_ = nullptr;
+    return p;
+  }
+  explicit operator bool() const { return p_ != nullptr; }
+
+ private:
+  PyObject* p_ = nullptr;
+};
+
+// Scalar kinds, as in lazy/trace/schema.py.
+constexpr int kStatic = 0;
+constexpr int kRuntimeMemoValue = 2;
+
+struct FastOp {
+  PyObject* desc;      // the OpDesc (strong reference; ops are immortal, so are their descs)
+  PyObject* kw_kinds;  // dict: keyword-only argument name -> kind
+  bool view;           // a single-output view op (record_view), else a functional op (record_functional)
+  std::vector<int> kinds;
+};
+
+struct State {
+  PyTypeObject* lazy_type = nullptr;
+  PyTypeObject* out_type = nullptr;
+  PyTypeObject* dtype_type = nullptr;
+  PyObject* make_wrapper = nullptr;
+  PyObject* device = nullptr;
+  PyObject* layout = nullptr;
+  PyObject* tensor_marker = nullptr;
+  PyObject* float_marker = nullptr;
+  PyObject* int_marker = nullptr;
+  PyObject* bool_marker = nullptr;
+  PyObject* memo = nullptr;           // lazy.trace.meta._MEMO
+  PyObject* slow_dispatch = nullptr;  // lazy.trace.record.dispatch_slow(func, args, kwargs)
+  PyObject* view_value = nullptr;     // lazy.trace.views.value(tensor)
+  PyObject* view_step = nullptr;      // lazy.trace.views.ViewStep
+  PyObject* fast_cache = nullptr;     // memo key -> (signature, (shape, stride, offset, dtype), numel, view step)
+  PyObject* empty_tuple = nullptr;
+  PyObject* name_st = nullptr;
+  PyObject* name_chain = nullptr;
+  PyObject* name_desc = nullptr;
+  PyObject* name_cache = nullptr;
+  bool enabled = true;
+  long long traced = 0;
+  long long hits = 0;
+  long long misses = 0;
+  std::unordered_map<PyObject*, FastOp> ops;  // keyed by the OpOverload's identity
+};
+
+State g;
+
+// Marks "not handled here": the Python recorder takes the call.
+PyObject* const kBail = reinterpret_cast<PyObject*>(&g);
+
+constexpr int kMaxArgs = 16;
+
+// Arguments collected while building the template; owned references, released on destruction.
+struct Collected {
+  PyObject* ins[kMaxArgs];
+  PyObject* scalars[kMaxArgs];
+  PyObject* memo[kMaxArgs];
+  int n_ins = 0, n_scalars = 0, n_memo = 0;
+  ~Collected() {
+    for (int i = 0; i < n_ins; ++i) Py_DECREF(ins[i]);
+    for (int i = 0; i < n_scalars; ++i) Py_DECREF(scalars[i]);
+    for (int i = 0; i < n_memo; ++i) Py_DECREF(memo[i]);
+  }
+};
+
+PyObject* tuple_of(PyObject* const* items, int n) {
+  PyObject* t = PyTuple_New(n);
+  if (t == nullptr) return nullptr;
+  for (int i = 0; i < n; ++i) {
+    Py_INCREF(items[i]);
+    PyTuple_SET_ITEM(t, i, items[i]);
+  }
+  return t;
+}
+
+// A tuple of the list's/tuple's elements if every one is an exact int (a static int[] argument), else kBail.
+PyObject* static_int_list(PyObject* v) {
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(v);
+  PyObject** items = PySequence_Fast_ITEMS(v);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!PyLong_CheckExact(items[i])) return kBail;
+  }
+  if (PyTuple_CheckExact(v)) {
+    Py_INCREF(v);
+    return v;
+  }
+  return PyList_AsTuple(v);
+}
+
+// Adds a lazy tensor argument: its current IR value to ins, its (shape, stride, offset, dtype) to memo.
+bool add_tensor(PyObject* v, Collected& c) {
+  Ref chain(PyObject_GetAttr(v, g.name_chain));
+  if (!chain) return false;
+  PyObject* node;
+  if (chain.get() == Py_None) {
+    Ref st(PyObject_GetAttr(v, g.name_st));
+    if (!st) return false;
+    if (Py_TYPE(st.get()) != &StorageType) {
+      PyErr_SetString(PyExc_TypeError, "lazy internal error: _lz_st is not a Storage");
+      return false;
+    }
+    node = reinterpret_cast<StorageObject*>(st.get())->value;
+    Py_INCREF(node);
+  } else {
+    node = PyObject_CallOneArg(g.view_value, v);
+    if (node == nullptr) return false;
+  }
+  c.ins[c.n_ins++] = node;
+  PyObject* desc = PyObject_GetAttr(v, g.name_desc);
+  if (desc == nullptr) return false;
+  c.memo[c.n_memo++] = desc;
+  return true;
+}
+
+// The template item of one argument (a new reference), flattened as record.py's ``_flat`` does; kBail for
+// anything the fast path leaves to Python.
+PyObject* flatten_value(PyObject* v, int kind, Collected& c) {
+  PyTypeObject* tv = Py_TYPE(v);
+  if (tv == g.lazy_type) {
+    if (c.n_ins == kMaxArgs || c.n_memo == kMaxArgs) return kBail;
+    if (!add_tensor(v, c)) return nullptr;
+    Py_INCREF(g.tensor_marker);
+    return g.tensor_marker;
+  }
+  if (tv == &PyFloat_Type || tv == &PyLong_Type || tv == &PyBool_Type) {
+    if (kind == kStatic) {
+      Py_INCREF(v);
+      return v;
+    }
+    if (c.n_scalars == kMaxArgs || c.n_memo == kMaxArgs) return kBail;
+    Py_INCREF(v);
+    c.scalars[c.n_scalars++] = v;
+    if (kind == kRuntimeMemoValue) {
+      Py_INCREF(v);
+      c.memo[c.n_memo++] = v;
+    }
+    PyObject* marker = tv == &PyFloat_Type ? g.float_marker : tv == &PyLong_Type ? g.int_marker : g.bool_marker;
+    Py_INCREF(marker);
+    return marker;
+  }
+  if (v == Py_None || tv == &PyUnicode_Type || tv == g.dtype_type) {
+    Py_INCREF(v);
+    return v;
+  }
+  if ((tv == &PyList_Type || tv == &PyTuple_Type) && kind == kStatic) return static_int_list(v);
+  return kBail;
+}
+
+// The fast-cache entry of a call, made from the shape memo on first use; borrowed, kBail, or NULL with an error.
+PyObject* cache_entry(PyObject* func, const FastOp& op, PyObject* key, PyObject* targs, PyObject* tkw) {
+  PyObject* entry = PyDict_GetItemWithError(g.fast_cache, key);  // borrowed
+  if (entry != nullptr || PyErr_Occurred()) return entry;
+  PyObject* out = PyDict_GetItemWithError(g.memo, key);  // borrowed
+  if (out == nullptr) {
+    if (PyErr_Occurred()) return nullptr;
+    return kBail;  // first call of this signature: the Python recorder infers and memoizes it
+  }
+  if (Py_TYPE(out) != g.out_type || PyTuple_GET_SIZE(out) != 5) return kBail;  // several outputs: Python
+  PyObject* shape = PyTuple_GET_ITEM(out, 0);
+  PyObject* dtype = PyTuple_GET_ITEM(out, 3);
+  Ref sig(intern_signature(func, targs, tkw, shape, dtype, Py_None));
+  if (!sig) return nullptr;
+  Ref desc(PyTuple_GetSlice(out, 0, 4));
+  if (!desc) return nullptr;
+  Ref step;
+  if (op.view) {
+    PyObject* step_args[] = {func, targs, tkw, shape, dtype};
+    step = Ref(PyObject_Vectorcall(g.view_step, step_args, 5, nullptr));
+  } else {
+    Py_INCREF(Py_None);
+    step = Ref(Py_None);
+  }
+  if (!step) return nullptr;
+  Ref made(PyTuple_Pack(4, sig.get(), desc.get(), PyTuple_GET_ITEM(out, 4), step.get()));
+  if (!made || PyDict_SetItem(g.fast_cache, key, made.get()) != 0) return nullptr;
+  return made.get();  // the cache holds it now
+}
+
+// Records ``func(*args, **kwargs)`` (a registered op); a new tensor, kBail, or NULL with an error set.
+PyObject* record(PyObject* func, const FastOp& op, PyObject* args, PyObject* kwargs) {
+  Py_ssize_t n = PyTuple_GET_SIZE(args);
+  Collected c;
+  Ref targs(PyTuple_New(n));
+  if (!targs) return nullptr;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    int kind = i < static_cast<Py_ssize_t>(op.kinds.size()) ? op.kinds[i] : kStatic;
+    PyObject* item = flatten_value(PyTuple_GET_ITEM(args, i), kind, c);
+    if (item == kBail || item == nullptr) return item;
+    PyTuple_SET_ITEM(targs.get(), i, item);
+  }
+  Ref tkw;
+  if (kwargs == nullptr) {
+    Py_INCREF(g.empty_tuple);
+    tkw = Ref(g.empty_tuple);
+  } else {
+    tkw = Ref(PyTuple_New(PyDict_GET_SIZE(kwargs)));
+    if (!tkw) return nullptr;
+    Py_ssize_t pos = 0, at = 0;
+    PyObject *name, *v;
+    while (PyDict_Next(kwargs, &pos, &name, &v)) {
+      PyObject* k = PyDict_GetItemWithError(op.kw_kinds, name);  // borrowed
+      if (k == nullptr && PyErr_Occurred()) return nullptr;
+      PyObject* item = flatten_value(v, k == nullptr ? kStatic : static_cast<int>(PyLong_AsLong(k)), c);
+      if (item == kBail || item == nullptr) return item;
+      PyObject* pair = PyTuple_Pack(2, name, item);
+      Py_DECREF(item);
+      if (pair == nullptr) return nullptr;
+      PyTuple_SET_ITEM(tkw.get(), at++, pair);
+    }
+  }
+  if (op.view && (c.n_ins != 1 || c.n_scalars != 0 || n == 0 || Py_TYPE(PyTuple_GET_ITEM(args, 0)) != g.lazy_type)) {
+    return kBail;
+  }
+  Ref memo(tuple_of(c.memo, c.n_memo));
+  if (!memo) return nullptr;
+  Ref key(PyTuple_Pack(4, op.desc, targs.get(), tkw.get(), memo.get()));
+  if (!key) return nullptr;
+  PyObject* entry = cache_entry(func, op, key.get(), targs.get(), tkw.get());
+  if (entry == kBail || entry == nullptr) {
+    if (entry == kBail) ++g.misses;
+    return entry;
+  }
+  ++g.hits;
+  PyObject* sig = PyTuple_GET_ITEM(entry, 0);
+  PyObject* desc = PyTuple_GET_ITEM(entry, 1);
+  PyObject* shape = PyTuple_GET_ITEM(desc, 0);
+  PyObject* stride = PyTuple_GET_ITEM(desc, 1);
+  PyObject* dtype = PyTuple_GET_ITEM(desc, 3);
+
+  Ref inputs(tuple_of(c.ins, c.n_ins));
+  Ref scalars(tuple_of(c.scalars, c.n_scalars));
+  if (!inputs || !scalars) return nullptr;
+  Ref node(make_node(func, targs.get(), tkw.get(), inputs.get(), scalars.get(), shape, dtype, Py_None, Py_None,
+                     sig));
+  if (!node) return nullptr;
+  PyObject* wrapper_args[] = {reinterpret_cast<PyObject*>(g.lazy_type), shape, stride, PyTuple_GET_ITEM(desc, 2),
+                              Py_None, dtype, g.layout, g.device};
+  Ref t(PyObject_Vectorcall(g.make_wrapper, wrapper_args, 8, nullptr));
+  if (!t || PyObject_SetAttr(t.get(), g.name_desc, desc) != 0) return nullptr;
+  if (!op.view) {
+    long long numel = PyLong_AsLongLong(PyTuple_GET_ITEM(entry, 2));
+    if (numel == -1 && PyErr_Occurred()) return nullptr;
+    Ref st(make_storage(node.get(), shape, stride, numel));
+    if (!st || PyObject_SetAttr(t.get(), g.name_st, st.get()) != 0) return nullptr;
+    return t.release();
+  }
+  // A view (record.py's _view_tensor): the base's storage, the base's chain plus this step, the value cached
+  // for the storage's current version.
+  PyObject* base = PyTuple_GET_ITEM(args, 0);
+  Ref st(PyObject_GetAttr(base, g.name_st));
+  Ref chain(st ? PyObject_GetAttr(base, g.name_chain) : nullptr);
+  if (!chain) return nullptr;
+  if (Py_TYPE(st.get()) != &StorageType || (chain.get() != Py_None && !PyTuple_CheckExact(chain.get()))) {
+    PyErr_SetString(PyExc_TypeError, "lazy internal error: a lazy tensor's storage or view chain is malformed");
+    return nullptr;
+  }
+  PyObject* step = PyTuple_GET_ITEM(entry, 3);
+  Ref one(PyTuple_Pack(1, step));
+  Ref longer(!one ? nullptr : chain.get() == Py_None ? (Py_INCREF(one.get()), one.get())
+                                                     : PySequence_Concat(chain.get(), one.get()));
+  Ref version(longer ? PyLong_FromLongLong(reinterpret_cast<StorageObject*>(st.get())->version) : nullptr);
+  Ref cache(version ? PyTuple_Pack(2, version.get(), node.get()) : nullptr);
+  if (!cache || PyObject_SetAttr(t.get(), g.name_st, st.get()) != 0 ||
+      PyObject_SetAttr(t.get(), g.name_chain, longer.get()) != 0 ||
+      PyObject_SetAttr(t.get(), g.name_cache, cache.get()) != 0) {
+    return nullptr;
+  }
+  return t.release();
+}
+
+bool configured() {
+  if (g.lazy_type != nullptr) return true;
+  PyErr_SetString(PyExc_RuntimeError, "lazy internal error: lazy._C.configure() was not called");
+  return false;
+}
+
+}  // namespace
+
+PyObject* torch_dispatch(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  // (cls, func, types, args=(), kwargs=None), positionally or by keyword
+  PyObject* slots[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
+  static const char* names[5] = {"cls", "func", "types", "args", "kwargs"};
+  if (nargs > 5) {
+    PyErr_SetString(PyExc_TypeError, "__torch_dispatch__ takes at most 5 arguments");
+    return nullptr;
+  }
+  for (Py_ssize_t i = 0; i < nargs; ++i) slots[i] = args[i];
+  if (kwnames != nullptr) {
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); ++k) {
+      const char* name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
+      if (name == nullptr) return nullptr;
+      int at = -1;
+      for (int j = 0; j < 5; ++j) {
+        if (strcmp(name, names[j]) == 0) at = j;
+      }
+      if (at < 0 || slots[at] != nullptr) {
+        PyErr_Format(PyExc_TypeError, "__torch_dispatch__ got an unexpected keyword argument '%s'", name);
+        return nullptr;
+      }
+      slots[at] = args[nargs + k];
+    }
+  }
+  if (slots[1] == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "__torch_dispatch__ needs func");
+    return nullptr;
+  }
+  if (!configured()) return nullptr;
+  PyObject* func = slots[1];
+  PyObject* fargs = slots[3] != nullptr ? slots[3] : g.empty_tuple;
+  PyObject* fkwargs = slots[4];
+  ++g.traced;
+  if (g.enabled && PyTuple_CheckExact(fargs) && (fkwargs == nullptr || fkwargs == Py_None || PyDict_CheckExact(fkwargs))) {
+    auto it = g.ops.find(func);
+    if (it != g.ops.end()) {
+      PyObject* kw = fkwargs == nullptr || fkwargs == Py_None || PyDict_GET_SIZE(fkwargs) == 0 ? nullptr : fkwargs;
+      PyObject* result = record(func, it->second, fargs, kw);
+      if (result != kBail) return result;
+    }
+  }
+  Ref kwargs(fkwargs == nullptr || fkwargs == Py_None ? PyDict_New() : (Py_INCREF(fkwargs), fkwargs));
+  if (!kwargs) return nullptr;
+  PyObject* call[] = {func, fargs, kwargs.get()};
+  return PyObject_Vectorcall(g.slow_dispatch, call, 3, nullptr);
+}
+
+PyObject* configure(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 12) {
+    PyErr_SetString(PyExc_TypeError, "configure() takes 12 arguments");
+    return nullptr;
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (!PyType_Check(args[i])) {
+      PyErr_SetString(PyExc_TypeError, "configure(): the first three arguments are types");
+      return nullptr;
+    }
+  }
+  PyObject* markers = args[7];
+  if (!PyDict_Check(markers) || !PyDict_Check(args[8])) {
+    PyErr_SetString(PyExc_TypeError, "configure(): the scalar markers and the memo are dicts");
+    return nullptr;
+  }
+  PyObject* fm = PyDict_GetItem(markers, reinterpret_cast<PyObject*>(&PyFloat_Type));
+  PyObject* im = PyDict_GetItem(markers, reinterpret_cast<PyObject*>(&PyLong_Type));
+  PyObject* bm = PyDict_GetItem(markers, reinterpret_cast<PyObject*>(&PyBool_Type));
+  if (fm == nullptr || im == nullptr || bm == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "configure(): scalar markers for float, int and bool are needed");
+    return nullptr;
+  }
+  PyObject* objs[] = {args[0], args[1], args[2], args[3], args[4], args[5], args[6],
+                      fm,      im,      bm,      args[8], args[9], args[10], args[11]};
+  for (PyObject* o : objs) Py_INCREF(o);  // held for the life of the process
+  g.lazy_type = reinterpret_cast<PyTypeObject*>(args[0]);
+  g.out_type = reinterpret_cast<PyTypeObject*>(args[1]);
+  g.dtype_type = reinterpret_cast<PyTypeObject*>(args[2]);
+  g.make_wrapper = args[3];
+  g.device = args[4];
+  g.layout = args[5];
+  g.tensor_marker = args[6];
+  g.float_marker = fm;
+  g.int_marker = im;
+  g.bool_marker = bm;
+  g.memo = args[8];
+  g.slow_dispatch = args[9];
+  g.view_value = args[10];
+  g.view_step = args[11];
+  if (g.fast_cache == nullptr) {
+    g.fast_cache = PyDict_New();
+    g.empty_tuple = PyTuple_New(0);
+    g.name_st = PyUnicode_InternFromString("_lz_st");
+    g.name_chain = PyUnicode_InternFromString("_lz_chain");
+    g.name_desc = PyUnicode_InternFromString("_lz_desc");
+    g.name_cache = PyUnicode_InternFromString("_lz_cache");
+    if (!g.fast_cache || !g.empty_tuple || !g.name_st || !g.name_chain || !g.name_desc || !g.name_cache) {
+      return nullptr;
+    }
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* register_op(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 5 || !PyTuple_Check(args[2]) || !PyDict_Check(args[3])) {
+    PyErr_SetString(PyExc_TypeError, "register_op(func, desc, kinds: tuple, kw_kinds: dict, view: bool)");
+    return nullptr;
+  }
+  if (g.ops.count(args[0]) != 0) Py_RETURN_NONE;
+  FastOp op;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args[2]); ++i) {
+    long kind = PyLong_AsLong(PyTuple_GET_ITEM(args[2], i));
+    if (kind == -1 && PyErr_Occurred()) return nullptr;
+    op.kinds.push_back(static_cast<int>(kind));
+  }
+  int view = PyObject_IsTrue(args[4]);
+  if (view < 0) return nullptr;
+  op.view = view != 0;
+  Py_INCREF(args[0]);
+  Py_INCREF(args[1]);
+  Py_INCREF(args[3]);
+  op.desc = args[1];
+  op.kw_kinds = args[3];
+  g.ops.emplace(args[0], std::move(op));
+  Py_RETURN_NONE;
+}
+
+PyObject* clear_fast_cache(PyObject*, PyObject*) {
+  if (g.fast_cache != nullptr) PyDict_Clear(g.fast_cache);
+  Py_RETURN_NONE;
+}
+
+PyObject* set_fast_path(PyObject*, PyObject* enabled) {
+  int on = PyObject_IsTrue(enabled);
+  if (on < 0) return nullptr;
+  g.enabled = on != 0;
+  Py_RETURN_NONE;
+}
+
+PyObject* traced_ops(PyObject*, PyObject*) { return PyLong_FromLongLong(g.traced); }
+
+PyObject* bump_traced_ops(PyObject*, PyObject*) {
+  ++g.traced;
+  Py_RETURN_NONE;
+}
+
+PyObject* reset_counters(PyObject*, PyObject*) {
+  g.traced = g.hits = g.misses = 0;
+  Py_RETURN_NONE;
+}
+
+PyObject* fast_path_stats(PyObject*, PyObject*) { return Py_BuildValue("(LL)", g.hits, g.misses); }
+
+}  // namespace lazy

@@ -1,0 +1,182 @@
+"""lazy._C (csrc/): the recorder's C fast path and the IR objects it creates.
+
+The fast path must record exactly what the Python recorder records (same nodes, same graph keys, same results),
+count every op, and hand everything it does not handle to Python.
+"""
+import gc
+
+import pytest
+import torch
+
+import lazy
+from lazy import _C
+from lazy.debug import metrics
+from lazy.device.tensor import live_storages
+from lazy.ir.graph import linearize
+from lazy.ir.node import DATA, Node
+from lazy.trace import meta
+from lazy.trace.views import value
+
+L = "lazy"
+
+
+def _program(x, w):
+    """Functional ops with lazy tensors, runtime and static numbers, int lists, a view argument and a matmul."""
+    y = (x * 1.5 + 0.25).relu()
+    y = torch.tanh(y) - x.t() * 2
+    y = y.sum(1, True) + y.mean([0, 1]) + torch.clamp(y, -0.5, 0.5)
+    return (y @ w).exp().softmax(1)
+
+
+def _views_and_kwargs(x):
+    """Views (chained, of views, written through), keyword arguments, a dtype argument."""
+    v = x.t().unsqueeze(0).expand(2, 6, 6)
+    y = torch.add(v, v.transpose(1, 2), alpha=2).reshape(12, 6)
+    s = y.sum(0, dtype=torch.float64) + y[3]
+    x2 = x.clone()
+    w = x2.view(36)[::2]
+    w.mul_(3)  # in place through a view: x2 and every view of it see it
+    return s.float() + x2.view(6, 6).t()[0] + w.view(3, 6)[1]
+
+
+def _fast(enabled):
+    _C.set_fast_path(enabled)
+
+
+@pytest.fixture(autouse=True)
+def _restore_fast_path():
+    yield
+    _C.set_fast_path(lazy.config.debug < 4)
+
+
+def test_fast_path_records_what_python_records():
+    xc, wc = torch.randn(6, 6), torch.randn(6, 3)
+    x, w = xc.to(L), wc.to(L)
+    _program(x, w)  # first calls: memoized and registered by the Python recorder
+    metrics.reset()
+    fast = _program(x, w)
+    hits, misses = _C.fast_path_stats()
+    assert hits >= 10 and misses == 0
+    _fast(False)
+    slow = _program(x, w)
+    assert _C.fast_path_stats() == (hits, misses)  # nothing more went through C
+    assert linearize([value(fast)]).key == linearize([value(slow)]).key
+    expected = _program(xc, wc)
+    torch.testing.assert_close(fast.cpu(), expected)
+    torch.testing.assert_close(slow.cpu(), expected)
+
+
+def test_every_op_is_counted_once():
+    x = torch.randn(4, 4).to(L)
+    (x * 2 + 1).relu()
+    metrics.reset()
+    y = x
+    for _ in range(100):
+        y = (y * 2 + 1).relu()
+    assert metrics.counter("traced_ops") == 300
+    _fast(False)
+    for _ in range(10):
+        y = (y * 2 + 1).relu()
+    assert metrics.counter("traced_ops") == 330
+    torch.zeros(3, device=L)  # through the Lazy dispatch key
+    assert metrics.counter("traced_ops") >= 331
+
+
+def test_runtime_scalars_do_not_recompile_on_the_fast_path():
+    x = torch.randn(8).to(L)
+    metrics.reset()
+    for s in range(20):
+        y = (x * float(s) + s).relu()
+        torch.testing.assert_close(y.cpu(), (x.cpu() * float(s) + s).relu())
+    assert metrics.counter("compiles") == 1
+    assert _C.fast_path_stats()[0] >= 50
+
+
+def test_trace_logging_turns_the_fast_path_off(capsys):
+    x = torch.randn(4).to(L)
+    x + 1
+    with lazy.config.override(debug=4):
+        before = _C.fast_path_stats()
+        x + 1
+        assert _C.fast_path_stats() == before
+        assert "trace aten.add.Tensor" in capsys.readouterr().err
+    x + 1
+    assert _C.fast_path_stats()[0] == before[0] + 1
+
+
+def test_clearing_the_shape_memo_clears_the_fast_path():
+    x = torch.randn(5).to(L)
+    x.exp()
+    meta.clear()
+    before = metrics.counter("shape_inference.meta") + metrics.counter("shape_inference.rule")
+    x.exp()
+    assert metrics.counter("shape_inference.meta") + metrics.counter("shape_inference.rule") == before + 1
+
+
+def test_errors_surface_at_the_op():
+    a, b = torch.randn(3).to(L), torch.randn(4).to(L)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="aten.add.Tensor: .*broadcast"):
+            a + b
+
+
+def test_node_fields_and_interned_signatures():
+    a = Node(torch.ops.aten.neg.default, ("T",), (), (), (1.0,), (2, 3), torch.float32)
+    b = Node(torch.ops.aten.neg.default, ("T",), (), (a,), (2.0,), (2, 3), torch.float32)
+    assert a.sig is b.sig  # inputs and runtime scalars are not part of the signature
+    assert b.inputs == (a,) and b.scalars == (2.0,) and b.metas is None and b.data is None
+    assert not a.is_data and "aten::neg" in repr(a) and "inputs=1" in repr(b)
+    leaf = Node(DATA, ((1,),), (), (), (), (2,), torch.float32, data=torch.zeros(2))
+    assert leaf.is_data and leaf.data.shape == (2,)
+    assert not gc.is_tracked(a)  # the garbage collector never walks a graph
+    with pytest.raises(TypeError):
+        Node(torch.ops.aten.neg.default, (), (), [a], (), (1,), torch.float32)  # inputs must be a tuple
+    with pytest.raises(TypeError):
+        type("Sub", (Node,), {})
+
+
+def test_live_storages_in_creation_order_and_freed():
+    gc.collect()
+    base = len(live_storages())
+    xs = [torch.zeros(2, device=L) + i for i in range(5)]
+    live = live_storages()
+    assert len(live) == base + 5  # the zeros' storages died with their tensors; the sums' live on
+    mine = [t._lz_st for t in xs]
+    serials = [st.serial for st in live_storages()]
+    assert serials == sorted(serials)
+    assert [st.serial for st in mine] == sorted(st.serial for st in mine)
+    del xs, mine, live
+    gc.collect()
+    assert len(live_storages()) == base
+
+
+def test_a_long_graph_is_freed_without_recursion():
+    y = torch.zeros(2, device=L)
+    for _ in range(100_000):
+        y = y.neg()
+    del y  # 100k nested node deallocations: CPython's trashcan bounds the C stack
+    gc.collect()
+
+
+def test_views_and_keyword_arguments_on_the_fast_path():
+    xc = torch.randn(6, 6)
+    x = xc.to(L)
+    _views_and_kwargs(x)
+    before = _C.fast_path_stats()[0]
+    fast = _views_and_kwargs(x)
+    assert _C.fast_path_stats()[0] - before >= 10
+    _fast(False)
+    slow = _views_and_kwargs(x)
+    assert linearize([value(fast)]).key == linearize([value(slow)]).key
+    torch.testing.assert_close(fast.cpu(), _views_and_kwargs(xc))
+    torch.testing.assert_close(slow.cpu(), _views_and_kwargs(xc))
+
+
+def test_a_fast_view_sees_later_writes_to_its_base():
+    x = torch.zeros(3, 4).to(L)
+    for expected in (1.0, 3.0):  # the second time through the fast path
+        v = x.t()
+        x.add_(1)
+        torch.testing.assert_close(v.cpu(), torch.full((4, 3), expected))
+        v.mul_(2)
+    torch.testing.assert_close(x.cpu(), torch.full((3, 4), 6.0))
