@@ -156,3 +156,17 @@ def test_externs_inside_graph():
         [0, 2, 2], device=x.device)) - 1, torch.cat([x, x * 2]).sum(0), x.half().float() + 1, F.pad(x, (1, 1)) * 3,
         x.argmax(1), x.max(1).values * 1, torch.bmm(x[None], w[None])[0].tanh()], x, w)
     assert metrics.counter("extern.aten.mm.default") >= 1
+
+
+def test_conformance_regressions():
+    """Wrong results the cpp OpInfo conformance run found (tests/test_conformance_cpp.py): round(decimals=) ran as
+    plain round, fmax/fmin propagated NaN like maximum, clamp ignored a NaN bound, float -> uint8 skipped eager's
+    int64 step; signed overflow must wrap as eager's does (-fwrapv)."""
+    n = float("nan")
+    x = torch.tensor([1.0, n, 3.0, -2.5, 300.7, -300.2, 0.125, 2.5])
+    y = torch.tensor([n, 2.0, n, 1.0, 1.0, 1.0, n, -1.0])
+    i = torch.tensor([2 ** 62, -2 ** 63, 2 ** 31 - 1, -7])
+    check(lambda x, y, i: [x.round(decimals=2), (x * 1000).round(decimals=-2), x.round(), torch.fmax(x, y),
+                           torch.fmin(x, y), x.clamp(min=n), x.clamp(min=y), x.clamp(max=y), x.clamp(2, 1),
+                           x.to(torch.uint8), (x * 100).to(torch.uint8), i * 4, -i, i.abs(),
+                           i.to(torch.int32) + 2 ** 30, i.to(torch.int8) * 3], x, y, i)

@@ -92,8 +92,11 @@ TEMPLATES: Dict[str, Callable[..., str]] = {
                     "({0} + {T}(0.044715) * {0} * {0} * {0}))))"),
     "maximum": _f("lz_max<{T}>({0}, {1})"),
     "minimum": _f("lz_min<{T}>({0}, {1})"),
-    "clamp_min": _f("({0} != {0} ? {0} : ({0} < {1} ? {1} : {0}))"),
-    "clamp_max": _f("({0} != {0} ? {0} : ({0} > {1} ? {1} : {0}))"),
+    "fmax": _by_kind("std::fmax({0}, {1})", "lz_max<{T}>({0}, {1})"),
+    "fmin": _by_kind("std::fmin({0}, {1})", "lz_min<{T}>({0}, {1})"),
+    # NOTE: eager's clamp propagates a NaN bound as well as a NaN input
+    "clamp_min": _f("lz_max<{T}>({0}, {1})"),
+    "clamp_max": _f("lz_min<{T}>({0}, {1})"),
     "lerp": _f("lz_lerp<{T}>({0}, {1}, {2})"),
     "eq": _f("({0} == {1})"), "ne": _f("({0} != {1})"), "lt": _f("({0} < {1})"),
     "le": _f("({0} <= {1})"), "gt": _f("({0} > {1})"), "ge": _f("({0} >= {1})"),
@@ -109,7 +112,8 @@ for _name in ("exp", "log", "tanh", "sin", "cos", "erf", "log1p", "expm1"):
     TEMPLATES[_name] = _f(f"lz_{_name}({{0}})")  # vectorizable (Note [Vectorized math] in cpp_math.py)
 # bool arithmetic is logical, as in eager
 BOOL_TEMPLATES: Dict[str, Callable[..., str]] = {"add": _f("({0} || {1})"), "mul": _f("({0} && {1})"),
-                                                 "maximum": _f("({0} || {1})"), "minimum": _f("({0} && {1})")}
+                                                 "maximum": _f("({0} || {1})"), "minimum": _f("({0} && {1})"),
+                                                 "fmax": _f("({0} || {1})"), "fmin": _f("({0} && {1})")}
 
 INIT = {"sum": lambda t: f"{t}(0)", "prod": lambda t: f"{t}(1)",
         "max": lambda t: f"-std::numeric_limits<{t}>::infinity()" if t in ("float", "double")

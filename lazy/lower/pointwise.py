@@ -30,6 +30,9 @@ def _unary(expr_op: str, float_only: bool = False) -> Callable[..., TVal]:
         out = meta[1]
         if float_only and not out.is_floating_point:
             raise Unlowerable(f"{expr_op} on {out}")
+        if len(args) > 1 or kwargs:
+            # NOTE: an overload with more arguments (round.decimals) means something else: never drop them.
+            raise Unlowerable(f"{expr_op} with extra arguments {args[1:]} {kwargs}")
         return pointwise(lambda a: kir.op(expr_op, out, a), out, out, args[0])
     return lower
 
@@ -42,6 +45,23 @@ for _name in ("neg", "abs", "relu", "sign"):
     register(f"aten.{_name}", f"prims.{_name}")(_unary(_name))
 
 
+@register("aten.round")
+def _round(args: list, kwargs: dict, meta: tuple) -> TVal:
+    """round, and round.decimals as eager computes it: nearbyint(x * 10^d) / 10^d (d < 0: x / 10^-d, then *)."""
+    decimals = kwargs.get("decimals", 0)
+    out = meta[1]
+    if len(args) > 1 or not out.is_floating_point or type(decimals) is not int:
+        raise Unlowerable(f"round on {out} with decimals={decimals!r}")
+    if decimals == 0:
+        return pointwise(lambda a: kir.op("round", out, a), out, out, args[0])
+    ten = kir.const(float(10 ** abs(decimals)), out)
+    if decimals > 0:
+        return pointwise(lambda a: kir.op("truediv", out, kir.op("round", out, kir.op("mul", out, a, ten)), ten),
+                         out, out, args[0])
+    return pointwise(lambda a: kir.op("mul", out, kir.op("round", out, kir.op("truediv", out, a, ten)), ten),
+                     out, out, args[0])
+
+
 def _binary(expr_op: str) -> Callable[..., TVal]:
     def lower(args: list, kwargs: dict, meta: tuple) -> TVal:
         out = meta[1]
@@ -50,8 +70,10 @@ def _binary(expr_op: str) -> Callable[..., TVal]:
 
 
 register("aten.mul", "prims.mul")(_binary("mul"))
-register("aten.maximum", "prims.maximum", "aten.fmax")(_binary("maximum"))
-register("aten.minimum", "prims.minimum", "aten.fmin")(_binary("minimum"))
+register("aten.maximum", "prims.maximum")(_binary("maximum"))
+register("aten.minimum", "prims.minimum")(_binary("minimum"))
+register("aten.fmax", "prims.fmax")(_binary("fmax"))  # NaN-ignoring, unlike maximum
+register("aten.fmin", "prims.fmin")(_binary("fmin"))
 register("aten.fmod", "prims.fmod")(_binary("fmod"))
 register("aten.remainder", "prims.remainder")(_binary("remainder"))
 register("aten.atan2", "prims.atan2")(_binary("atan2"))

@@ -55,7 +55,7 @@ def _permute(args: list, kwargs: dict, meta: tuple) -> TVal:
     return TVal(meta[0], x.dtype, lambda idx: x([idx[inv[k]] for k in range(len(dims))]))
 
 
-@register("aten.t", "aten.transpose", "aten.swapaxes", "aten.numpy_T")
+@register("aten.t", "aten.transpose", "aten.swapaxes")
 def _transpose(args: list, kwargs: dict, meta: tuple) -> TVal:
     x = args[0]
     nd = len(x.shape)
