@@ -92,3 +92,57 @@ def test_kernel_ir_is_dumped(tmp_path):
     assert len(names) == 1 and names[0].endswith("_cpp.txt")
     text = (tmp_path / names[0]).read_text()
     assert "kernel k0" in text and "stage max" in text and 'extern "C"' in text
+
+
+def _random_case(g):
+    """A random shape (rank 0-4, dims from 0, 1 and small sizes) and two inputs over it: ``x`` laid out
+    contiguous, transposed or sliced with a step; ``y`` broadcasting to it (size-1 and missing leading dims)."""
+    def pick(options):
+        return options[int(torch.randint(len(options), (1,), generator=g))]
+
+    rank = pick([0, 1, 2, 2, 3, 3, 4])
+    shape = [pick([0, 1, 1, 2, 3, 5, 7, 8]) if pick([0] * 5 + [1]) else pick([1, 2, 3, 5, 7, 8]) for _ in range(rank)]
+    layout = pick(["contiguous", "transposed", "strided"])
+    if layout == "transposed":
+        x = torch.randn(shape[::-1], generator=g).permute(list(range(rank - 1, -1, -1)))
+    elif layout == "strided":
+        x = torch.randn([2 * n for n in shape], generator=g)[tuple(slice(None, None, 2) for _ in shape)]
+    else:
+        x = torch.randn(shape, generator=g)
+    y_shape = [1 if pick([0, 0, 1]) else n for n in shape][pick(list(range(rank + 1))):]
+    y = torch.randn(y_shape, generator=g)
+    return x, y
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_shapes_pointwise_chain_is_one_kernel(seed):
+    """Pointwise chains over random shapes (0-size, 1-element, non-contiguous, broadcast): eager's values, one
+    kernel, nothing stored but the output."""
+    x, y = _random_case(torch.Generator().manual_seed(seed))
+    kernels, externs, program = run(lambda x, y: ((x * y + 1.5).sigmoid() - y.abs()).clamp(-0.3, 0.9) * x, x, y)
+    assert (kernels, externs) == (1, 0), (x.shape, x.stride(), y.shape)
+    assert len(re.findall(r"\bb\d+\[[^\]]*\] = ", program.source)) == 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_shapes_reductions_and_epilogues(seed):
+    """Reductions, softmax and broadcast epilogues fused over random shapes and layouts, int and bool too: eager's
+    values (float sums accumulate in double: within assert_close's float32 tolerance), no fallback."""
+    g = torch.Generator().manual_seed(100 + seed)
+    x, y = _random_case(g)
+    nonempty = x.numel() > 0
+    dim = int(torch.randint(max(x.dim(), 1), (1,), generator=g)) if x.dim() else 0
+
+    def fn(x, y):
+        a = (x * y).exp() - y
+        outs = [a.sum(dim, keepdim=True), a - a.mean(dim, keepdim=True), a.softmax(dim), x.sum() + y.sum(),
+                (a > 0).sum(dim), torch.where(a > 0.5, x, y) * 2, (x * 10).to(torch.int64) // 3,
+                (x * 10).to(torch.int64) % -3, (x > y).logical_and(x < 1)]
+        if nonempty or x.dim() == 0:
+            outs += [a.amax(dim), a.log_softmax(dim)]
+        if x.dim() >= 2:
+            outs += [a.transpose(0, -1).sum(0), (a.transpose(0, 1) * 2).contiguous()]
+        return outs
+
+    run(fn, x, y)
+    assert metrics.counter("compile_fallback") == 0
