@@ -14,8 +14,9 @@ are selects), bit tricks through ``__builtin_memcpy`` and integer arithmetic on 
 - Special values follow eager: NaN in -> NaN out; exp(+-inf) = inf/0, log(0) = -inf, log(<0) = NaN,
   tanh(+-inf) = +-1, sin(inf) = NaN, erf(+-inf) = +-1; odd functions keep the sign of zero; overflow gives inf and
   underflow gives (correctly rounded) subnormals or 0.
-- sin/cos of float32 reduce any argument exactly (Payne-Hanek with 24-bit chunks of 2/pi, fdlibm's ``ipio2``:
-  every partial product is exact in double, each is reduced mod 4 exactly, the rest is a TwoSum).
+- sin/cos of float32 reduce any argument exactly (Payne-Hanek with four 28-bit chunks of 2/pi picked by the
+  exponent: every partial product is exact in double and reduced mod 4 exactly, the rest is a TwoSum; the
+  truncation error is < 2^-58 absolute, far below the closest approach of a float32 to a multiple of pi/2).
 
 Polynomials are Taylor series (exact coefficients 1/n!, 1/(2k+1)) except erf's, which are Chebyshev fits
 (mpmath.chebyfit at 60 digits, relative error 4e-11 / 2.5e-10 for float32, 2.3e-16 / 4.4e-16 for float64).
@@ -151,14 +152,12 @@ _TRIG_F = r"""
 LZ_INL double lz_trig_f(double x, const int64_t cosine) {{
   const double ax = __builtin_fabs(x);
 {WINDOWS}
-  const double s0 = x * T0, s1 = x * T1, s2 = x * T2, s3 = x * T3, s4 = x * T4;  // exact: 24 x 24 bits
+  const double s0 = x * T0, s1 = x * T1, s2 = x * T2, s3 = x * T3;  // exact: 24 x 28 bits; |s2| < 1/4
   const double a = s0 - 4.0 * __builtin_rint(0.25 * s0);  // each exact, in [-2, 2]
   const double b = s1 - 4.0 * __builtin_rint(0.25 * s1);
-  const double c = s2 - 4.0 * __builtin_rint(0.25 * s2);
   const double v = a + b, vb = v - a, e1 = (a - (v - vb)) + (b - vb);  // TwoSum
-  const double v2 = v + c, vc = v2 - v, e2 = (v - (v2 - vc)) + (c - vc);
-  const double q = __builtin_rint(v2);
-  const double f = (v2 - q) + ((e1 + e2) + (s3 + s4));  // v2 - q is exact; |s3| < 2^-22, |s4| < 2^-46
+  const double q = __builtin_rint(v);
+  const double f = (v - q) + (e1 + (s2 + s3));  // v - q is exact; |f| <= 3/4
   const double y = f * 0x1.921fb54442d18p0;
   const double z = y * y;
   const double sn = LZ_FMA(y * z, {SIN}, y);
@@ -221,12 +220,21 @@ def _cmath_shim() -> str:
 CMATH_SHIM = _cmath_shim()
 
 
+def _chunks28() -> List[float]:
+    """2/pi in 28-bit chunks, pre-scaled: chunk j is d_j * 2^(-28 (j + 1)), so x * chunk is exact for a float32 x."""
+    bits, n = int("".join(f"{d:06x}" for d in TWO_OVER_PI_24), 16), 24 * len(TWO_OVER_PI_24)
+    return [float(Fraction((bits >> (n - 28 * (j + 1))) & ((1 << 28) - 1), 1 << (28 * (j + 1)))) for j in range(7)]
+
+
 def _windows() -> str:
-    chunks = [f"{float(Fraction(d, 1 << (24 * (j + 1)))).hex()}" for j, d in enumerate(TWO_OVER_PI_24)]
-    # NOTE: one select per threshold (not a chain on a window index, which g++ turns into a jump table)
-    lines = [f"  double T{i} = {chunks[i]};" for i in range(5)]
-    for w, bound in enumerate(("0x1p49", "0x1p73", "0x1p97", "0x1p121"), start=1):
-        lines.append("  " + " ".join(f"T{i} = ax >= {bound} ? {chunks[i + w]} : T{i};" for i in range(5)))
+    """The four chunks of 2/pi that matter for |x|: for x = m 2^E, from the first chunk j with E - 28 (j + 1) < 2
+    (earlier chunks contribute multiples of 4), i.e. j = 0, 1, 2, 3 from |x| >= 2^53, 2^81, 2^109; the chunks
+    left out after them add less than |x| 2^(-28 (j + 4)) < 2^-58 to x 2/pi.
+    NOTE: one select per threshold, not a chain on a window index, which g++ turns into a jump table."""
+    c = [x.hex() for x in _chunks28()]
+    lines = [f"  double T{i} = {c[i]};" for i in range(4)]
+    for w, bound in enumerate(("0x1p53", "0x1p81", "0x1p109"), start=1):
+        lines.append("  " + " ".join(f"T{i} = ax >= {bound} ? {c[i + w]} : T{i};" for i in range(4)))
     return "\n".join(lines)
 
 
@@ -239,8 +247,8 @@ def _source() -> str:
             LOG=horner("z", [float(Fraction(2, 2 * k + 1)) for k in range(1, log_n + 1)]),
             ERF_SMALL=horner("(ax * ax)", erf_small), ERF_CLAMP=erf_clamp, ERFC_CENTER=erfc[0],
             ERFC=horner("u", erfc[1:])))
-    parts.append(_TRIG_F.format(WINDOWS=_windows(), SIN=horner("z", [-x for x in _taylor(3, 11, 2, sign=True)]),
-                                COS=horner("z", [-x for x in _taylor(2, 10, 2, sign=True)])))
+    parts.append(_TRIG_F.format(WINDOWS=_windows(), SIN=horner("z", [-x for x in _taylor(3, 13, 2, sign=True)]),
+                                COS=horner("z", [-x for x in _taylor(2, 14, 2, sign=True)])))
     parts.append(_PUBLIC)
     return "".join(parts)
 
