@@ -101,3 +101,16 @@ def test_empty_cache_dir_disables():
     with lazy.config.override(cache_dir=""):
         assert disk.cache_dir() is None
         assert disk.lookup("a" * 64, "s") is None
+
+
+def test_key_does_not_import_triton():
+    """A warm cache hit must stay cheap: the key reads triton's version from package metadata (import triton: 0.2 s)."""
+    code = textwrap.dedent("""
+        import sys, torch, lazy
+        from lazy.cache import disk
+        disk._versions()
+        print("triton" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"
