@@ -126,7 +126,7 @@ def test_reductions_edge_shapes():
     e = torch.randn(0, 4)
     one = torch.randn(1, 1)
     check(lambda e, one: [e.sum(0), e.sum(), e.sum(1), one.sum(), one.amax(1), one.mean(0), e.sum(0) + 1,
-                          one.var(1, correction=0), e.exp()], e, one)
+                          one.var(1, correction=0), e.exp(), e.view(2, 0, 2).exp(), e.reshape(0).sum()], e, one)
 
 
 def test_composites_decompose():

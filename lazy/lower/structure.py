@@ -28,6 +28,8 @@ def _view(args: list, kwargs: dict, meta: tuple) -> TVal:
         return x
     out_strides = contiguous_stride(shape)
     in_strides = contiguous_stride(x.shape)
+    if 0 in x.shape:  # no element is ever loaded (and index arithmetic modulo a 0 extent is undefined)
+        return TVal(shape, x.dtype, lambda idx: kir.const(0, x.dtype))
 
     def fn(idx: Sequence[kir.Expr]) -> kir.Expr:
         flat = ZERO
