@@ -234,29 +234,33 @@ def _params():
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("op,dtype", _params())
 def test_op(op, dtype):
+    _run_case(op, dtype, RESULTS)
+
+
+def _run_case(op, dtype, results: dict) -> None:
     key = (full_name(op), dtype_name(dtype))
     known = KNOWN_FAILURES.get(key)
     if known is not None and known.startswith("skip:"):
-        RESULTS[key] = "known"
+        results[key] = "known"
         pytest.skip(known)
     torch.manual_seed(0)
-    RESULTS[key] = "fail"
+    results[key] = "fail"
     checked = 0
     try:
         for sample in _samples(op, dtype):
             checked += _check_sample(op, sample, is_random(op))
     except LazyFailure as failure:
         if known is not None:
-            RESULTS[key] = "known"
+            results[key] = "known"
             pytest.xfail(f"{known} [{failure}]"[:2000])
         raise AssertionError(f"lazy raised where eager did not: {failure}") from None
     finally:
         FALLBACKS.update(k for k in lazy.metrics.counters() if k.startswith(("fallback.", "data_dependent.")))
     # NOTE: a mismatch raised by _compare above is a failure even for a known failure: a wrong result is a bug.
     if not checked:
-        RESULTS[key] = "eager-skip"
+        results[key] = "eager-skip"
         pytest.skip("eager cpu rejects every sample")
-    RESULTS[key] = "pass"
+    results[key] = "pass"
 
 
 @(pytest.mark.slow if ALL_SAMPLES else lambda test: test)
