@@ -32,6 +32,8 @@ PyMethodDef methods[] = {
     {"configure", FASTCALL(lazy::configure), METH_FASTCALL, "Hand the hot path the Python objects it uses."},
     {"register_op", FASTCALL(lazy::register_op), METH_FASTCALL,
      "register_op(func, desc, kinds, kw_kinds, view): record func on the fast path once its call is memoized."},
+    {"install_operators", FASTCALL(lazy::install_operators), METH_FASTCALL,
+     "Give LazyTensor operator methods that record plain calls without the dispatcher."},
     {"clear_fast_cache", lazy::clear_fast_cache, METH_NOARGS, "Forget the fast path's signature cache."},
     {"set_fast_path", lazy::set_fast_path, METH_O, "Enable or disable the fast path."},
     {"traced_ops", lazy::traced_ops, METH_NOARGS, "How many ops reached the recorder."},

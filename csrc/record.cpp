@@ -306,6 +306,99 @@ PyObject* record(PyObject* func, const FastOp& op, PyObject* args, PyObject* kwa
   return t.release();
 }
 
+// ---- Operators: ``x * 2``, ``x + y``, ... without the dispatcher ---------------------------------------------
+//
+// ``x * 2.0`` normally goes Tensor.__mul__ -> argument parsing -> the dispatcher (autograd, the Python key) ->
+// __torch_dispatch__ with ``aten.mul.Tensor(x, 2.0)``. When nothing between the operator and the recorder can
+// act on the call -- autograd has nothing to record, no dispatch or function mode, no autocast, no functorch
+// transform, no forward-mode AD level -- lazy's own operator methods record that same ATen call directly. Any
+// other case, and any operand that is not a lazy tensor or a plain number, takes torch's own method.
+
+struct BinaryOp {
+  PyObject* op = nullptr;        // the ATen overload the dispatcher would deliver, with ``self`` first
+  PyObject* fallback = nullptr;  // torch.Tensor's own method
+};
+
+constexpr int kBinaryOps = 6;  // __add__, __radd__, __sub__, __mul__, __rmul__, __truediv__
+BinaryOp g_binary[kBinaryOps];
+
+struct Guards {
+  PyObject* grad_enabled = nullptr;           // torch.is_grad_enabled
+  PyObject* dispatch_stack_len = nullptr;     // torch._C._len_torch_dispatch_stack
+  PyObject* function_mode = nullptr;          // torch._C._is_torch_function_mode_enabled
+  PyObject* autocast = nullptr;               // torch._C._is_any_autocast_enabled
+  PyObject* functorch = nullptr;              // torch._C._are_functorch_transforms_active
+  PyObject* forward_ad = nullptr;             // the torch.autograd.forward_ad module (_current_level)
+  PyObject* name_requires_grad = nullptr;
+  PyObject* name_level = nullptr;
+} g_guards;
+
+// 1 if the call can skip the dispatcher, 0 if not, -1 on error.
+int call_is_plain(PyObject* self, PyObject* other) {
+  auto truth = [](PyObject* fn) -> int {
+    Ref r(PyObject_CallNoArgs(fn));
+    return r ? PyObject_IsTrue(r.get()) : -1;
+  };
+  int t;
+  if ((t = truth(g_guards.function_mode)) != 0) return t < 0 ? -1 : 0;
+  if ((t = truth(g_guards.autocast)) != 0) return t < 0 ? -1 : 0;
+  if ((t = truth(g_guards.functorch)) != 0) return t < 0 ? -1 : 0;
+  if ((t = truth(g_guards.dispatch_stack_len)) != 0) return t < 0 ? -1 : 0;
+  Ref level(PyObject_GetAttr(g_guards.forward_ad, g_guards.name_level));
+  if (!level) return -1;
+  long lv = PyLong_AsLong(level.get());
+  if (lv == -1 && PyErr_Occurred()) return -1;
+  if (lv != -1) return 0;
+  if ((t = truth(g_guards.grad_enabled)) <= 0) return t < 0 ? -1 : 1;
+  PyObject* operands[] = {self, other};
+  for (PyObject* v : operands) {
+    if (Py_TYPE(v) != g.lazy_type) continue;
+    Ref rg(PyObject_GetAttr(v, g_guards.name_requires_grad));
+    if (!rg) return -1;
+    if (rg.get() != Py_False) return 0;
+  }
+  return 1;
+}
+
+template <int K>
+PyObject* binary_method(PyObject* self, PyObject* other) {
+  const BinaryOp& b = g_binary[K];
+  PyTypeObject* to = Py_TYPE(other);
+  bool number = to == &PyFloat_Type || to == &PyBool_Type;
+  if (to == &PyLong_Type) {
+    int overflow = 0;
+    PyLong_AsLongLongAndOverflow(other, &overflow);
+    number = overflow == 0;
+  }
+  if (g.enabled && Py_TYPE(self) == g.lazy_type && (number || to == g.lazy_type)) {
+    auto it = g.ops.find(b.op);
+    if (it != g.ops.end()) {
+      int plain = call_is_plain(self, other);
+      if (plain < 0) return nullptr;
+      if (plain) {
+        Ref args(PyTuple_Pack(2, self, other));
+        if (!args) return nullptr;
+        PyObject* result = record(b.op, it->second, args.get(), nullptr);
+        if (result != kBail) {
+          if (result != nullptr) ++g.traced;
+          return result;
+        }
+      }
+    }
+  }
+  PyObject* call[] = {self, other};
+  return PyObject_Vectorcall(b.fallback, call, 2, nullptr);
+}
+
+PyMethodDef g_binary_defs[kBinaryOps] = {
+    {"__add__", binary_method<0>, METH_O, "self + other (lazy: recorded without the dispatcher when plain)"},
+    {"__radd__", binary_method<1>, METH_O, "other + self"},
+    {"__sub__", binary_method<2>, METH_O, "self - other"},
+    {"__mul__", binary_method<3>, METH_O, "self * other"},
+    {"__rmul__", binary_method<4>, METH_O, "other * self"},
+    {"__truediv__", binary_method<5>, METH_O, "self / other"},
+};
+
 bool configured() {
   if (g.lazy_type != nullptr) return true;
   PyErr_SetString(PyExc_RuntimeError, "lazy internal error: lazy._C.configure() was not called");
@@ -464,5 +557,47 @@ PyObject* reset_counters(PyObject*, PyObject*) {
 }
 
 PyObject* fast_path_stats(PyObject*, PyObject*) { return Py_BuildValue("(LL)", g.hits, g.misses); }
+
+}  // namespace lazy
+
+namespace lazy {
+
+PyObject* install_operators(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  // install_operators(ops: dict name -> (aten overload, torch's method), guards: tuple of 5 callables, forward_ad)
+  if (nargs != 3 || !PyDict_Check(args[0]) || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != 5) {
+    PyErr_SetString(PyExc_TypeError, "install_operators(ops: dict, guards: tuple of 5, forward_ad module)");
+    return nullptr;
+  }
+  if (!configured()) return nullptr;
+  PyObject** guard_slots[] = {&g_guards.grad_enabled, &g_guards.dispatch_stack_len, &g_guards.function_mode,
+                              &g_guards.autocast, &g_guards.functorch};
+  for (int i = 0; i < 5; ++i) {
+    Py_INCREF(PyTuple_GET_ITEM(args[1], i));
+    Py_XSETREF(*guard_slots[i], PyTuple_GET_ITEM(args[1], i));
+  }
+  Py_INCREF(args[2]);
+  Py_XSETREF(g_guards.forward_ad, args[2]);
+  if (g_guards.name_requires_grad == nullptr) {
+    g_guards.name_requires_grad = PyUnicode_InternFromString("requires_grad");
+    g_guards.name_level = PyUnicode_InternFromString("_current_level");
+  }
+  for (int k = 0; k < kBinaryOps; ++k) {
+    PyObject* pair = PyDict_GetItemString(args[0], g_binary_defs[k].ml_name);
+    if (pair == nullptr || !PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+      PyErr_Format(PyExc_TypeError, "install_operators: no (op, fallback) for %s", g_binary_defs[k].ml_name);
+      return nullptr;
+    }
+    Py_INCREF(PyTuple_GET_ITEM(pair, 0));
+    Py_INCREF(PyTuple_GET_ITEM(pair, 1));
+    Py_XSETREF(g_binary[k].op, PyTuple_GET_ITEM(pair, 0));
+    Py_XSETREF(g_binary[k].fallback, PyTuple_GET_ITEM(pair, 1));
+    Ref method(PyDescr_NewMethod(g.lazy_type, &g_binary_defs[k]));
+    if (!method || PyObject_SetAttrString(reinterpret_cast<PyObject*>(g.lazy_type), g_binary_defs[k].ml_name,
+                                          method.get()) != 0) {
+      return nullptr;
+    }
+  }
+  Py_RETURN_NONE;
+}
 
 }  // namespace lazy

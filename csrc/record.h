@@ -32,4 +32,8 @@ PyObject* reset_counters(PyObject* self, PyObject* unused);
 // Fast-path statistics: (hits, misses) since the last reset.
 PyObject* fast_path_stats(PyObject* self, PyObject* unused);
 
+// install_operators(ops, guards, forward_ad): LazyTensor.__add__/__radd__/__sub__/__mul__/__rmul__/__truediv__
+// record their ATen call directly when the dispatcher would do nothing else (see record.cpp).
+PyObject* install_operators(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+
 }  // namespace lazy

@@ -105,3 +105,20 @@ def test_module_dtype_conversion_on_lazy():
     assert m.weight is w and m.weight.dtype == torch.float64 and m.weight.device.type == "lazy"
     out = m(torch.ones(1, 3, dtype=torch.float64).to(L))
     assert out.cpu().dtype == torch.float64
+
+
+def test_deepcopy_of_a_lazy_model():
+    import copy
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(5, 4), torch.nn.Linear(4, 5, bias=False))
+    model[1].weight = model[0].weight  # tied
+    lz = model.to(L)
+    lz(torch.tensor([1, 2]).to(L)).sum().backward()
+    twin = copy.deepcopy(lz)
+    w, w2 = lz[0].weight, twin[0].weight
+    assert isinstance(w2, torch.nn.Parameter) and w2.requires_grad and twin[1].weight is w2
+    torch.testing.assert_close(w2.cpu(), w.cpu())
+    torch.testing.assert_close(w2.grad.cpu(), w.grad.cpu())
+    with torch.no_grad():
+        w2.add_(1)  # independent storage
+    torch.testing.assert_close(w2.cpu(), w.cpu() + 1)

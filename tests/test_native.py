@@ -180,3 +180,86 @@ def test_a_fast_view_sees_later_writes_to_its_base():
         torch.testing.assert_close(v.cpu(), torch.full((4, 3), expected))
         v.mul_(2)
     torch.testing.assert_close(x.cpu(), torch.full((3, 4), 6.0))
+
+
+# ---- operators recorded without the dispatcher (csrc/record.cpp, "Operators") ----
+
+def _ops(x, y):
+    return [x + 2, 3.5 + x, x - y, x * y, 2 * x, x / 4, x + True, y * x]
+
+
+def test_operators_record_the_dispatchers_call():
+    xc, yc = torch.randn(3, 4), torch.randn(4)
+    x, y = xc.to(L), yc.to(L)
+    _ops(x, y)  # registers the ops
+    before = _C.fast_path_stats()[0]
+    metrics.reset()
+    fast = _ops(x, y)
+    assert _C.fast_path_stats()[0] - before == 8 and metrics.counter("traced_ops") == 8
+    _fast(False)
+    slow = _ops(x, y)
+    for f, s, e in zip(fast, slow, _ops(xc, yc)):
+        assert linearize([value(f)]).key == linearize([value(s)]).key
+        torch.testing.assert_close(f.cpu(), e)
+        assert f.dtype == e.dtype
+
+
+def test_operators_keep_autograd():
+    x = torch.randn(3).to(L).requires_grad_()
+    y = x * 2 + 1
+    assert y.grad_fn is not None
+    y.sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), torch.full((3,), 2.0))
+    with torch.no_grad():
+        assert (x * 2).grad_fn is None and not (x * 2).requires_grad
+
+
+def test_operators_are_seen_by_modes():
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Dispatch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    class Function(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(3).to(L)
+    x * 2
+    with Dispatch():
+        x * 2
+    assert torch.ops.aten.mul.Tensor in seen
+    seen.clear()
+    with Function():
+        x * 2
+    assert seen
+
+
+def test_operators_under_autocast_and_forward_ad_take_torchs_path():
+    import torch.autograd.forward_ad as fwAD
+    x = torch.randn(3).to(L)
+    x * 2
+    before = _C.fast_path_stats()[0]
+    with torch.autocast("cpu"):
+        x * 2
+    with fwAD.dual_level():
+        x * 2
+    assert _C.fast_path_stats()[0] == before + 2  # recorded by __torch_dispatch__'s fast path, not the operator's
+    assert metrics.counter("traced_ops") > 0
+
+
+def test_operators_with_other_operands():
+    x = torch.randn(3).to(L)
+    x * 2
+    with pytest.raises(OverflowError):  # does not fit int64: torch's own path raises, as eager does
+        x + 2 ** 70
+    torch.testing.assert_close((x * torch.tensor(2.0)).cpu(), x.cpu() * 2)  # a cpu scalar tensor
+    with pytest.raises(TypeError):
+        x + "a"
+    torch.testing.assert_close((x * 1j).cpu(), x.cpu() * 1j)

@@ -110,6 +110,23 @@ class LazyTensor(torch.Tensor):
             cpu = torch.nn.Parameter(cpu, requires_grad=self.requires_grad)
         return cpu.__reduce_ex__(protocol)
 
+    def __deepcopy__(self, memo: dict) -> "LazyTensor":
+        # torch's Tensor.__deepcopy__ would deep-copy lazy's storage bookkeeping out of __dict__: a recorded clone
+        # is the copy; the user's own attributes (and _is_param, which makes it a Parameter) are deep-copied.
+        if id(self) in memo:
+            return memo[id(self)]
+        import copy
+        with torch.no_grad():
+            new = self.clone(memory_format=torch.preserve_format)
+        new.requires_grad_(self.requires_grad)
+        memo[id(self)] = new
+        for name, value in self.__dict__.items():
+            if not name.startswith("_lz_"):
+                setattr(new, name, copy.deepcopy(value, memo))
+        if self.grad is not None:
+            new.grad = copy.deepcopy(self.grad, memo)
+        return new
+
     @property
     def data(self) -> "LazyTensor":
         return torch._C.TensorBase.data.__get__(self)

@@ -620,3 +620,12 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
 
 _C.configure(LazyTensor, Out, torch.dtype, torch.Tensor._make_wrapper_subclass, LAZY_DEVICE, torch.strided,
              TENSOR, SCALAR_MARKERS, MEMO, dispatch_slow, _value, views.ViewStep)
+# x + y, x * 2.0, ...: the ATen call the dispatcher would deliver (self first), and torch's own method for calls
+# that autograd, a mode, autocast or functorch must see (csrc/record.cpp, "Operators").
+_C.install_operators(
+    {"__add__": (aten.add.Tensor, torch.Tensor.__add__), "__radd__": (aten.add.Tensor, torch.Tensor.__radd__),
+     "__sub__": (aten.sub.Tensor, torch.Tensor.__sub__), "__mul__": (aten.mul.Tensor, torch.Tensor.__mul__),
+     "__rmul__": (aten.mul.Tensor, torch.Tensor.__rmul__), "__truediv__": (aten.div.Tensor, torch.Tensor.__truediv__)},
+    (torch.is_grad_enabled, torch._C._len_torch_dispatch_stack, torch._C._is_torch_function_mode_enabled,
+     torch._C._is_any_autocast_enabled, torch._C._are_functorch_transforms_active),
+    torch.autograd.forward_ad)
