@@ -9,8 +9,8 @@ from setuptools import find_packages, setup
 
 ext = Pybind11Extension(
     "lazy._C",
-    sources=["csrc/module.cpp", "csrc/ir.cpp", "csrc/record.cpp"],
-    depends=["csrc/ir.h", "csrc/record.h"],
+    sources=["csrc/module.cpp", "csrc/ir.cpp", "csrc/record.cpp", "csrc/graph.cpp"],
+    depends=["csrc/ir.h", "csrc/record.h", "csrc/graph.h"],
     cxx_std=17,
     extra_compile_args=["-O2"],
 )

@@ -166,6 +166,8 @@ bool init_ir_types() {
 
 PyObject* signatures() { return g_signatures; }
 
+PyObject* data_op() { return g_data_op; }
+
 void set_data_op(PyObject* op) {
   Py_INCREF(op);
   Py_XSETREF(g_data_op, op);

@@ -52,8 +52,9 @@ PyObject* signatures();
 PyObject* intern_signature(PyObject* op, PyObject* args, PyObject* kwargs, PyObject* shape, PyObject* dtype,
                            PyObject* metas);
 
-// The op of data leaves (lazy.ir.node.DATA), for Node.is_data.
+// The op of data leaves (lazy.ir.node.DATA), for Node.is_data; data_op() reads it (borrowed, may be NULL).
 void set_data_op(PyObject* op);
+PyObject* data_op();
 
 // A new node with every field given; steals nothing.
 PyObject* make_node(PyObject* op, PyObject* args, PyObject* kwargs, PyObject* inputs,

@@ -1,8 +1,9 @@
-// lazy._C: the C parts of lazy (pybind11 module). Today: the recording hot path (record.cpp) and the IR objects
-// it creates (ir.cpp). Hot entry points are plain CPython functions (METH_FASTCALL): pybind11's argument
+// lazy._C: the C parts of lazy (pybind11 module). Today: the recording hot path (record.cpp), the IR objects it
+// creates (ir.cpp) and the graph walk of every sync (graph.cpp). Hot entry points are plain CPython functions (METH_FASTCALL): pybind11's argument
 // conversion would cost more than the work they do.
 #include <pybind11/pybind11.h>
 
+#include "graph.h"
 #include "ir.h"
 #include "record.h"
 
@@ -40,6 +41,8 @@ PyMethodDef methods[] = {
     {"bump_traced_ops", lazy::bump_traced_ops, METH_NOARGS, "Count one op that entered through the Lazy key."},
     {"reset_counters", lazy::reset_counters, METH_NOARGS, "Zero traced_ops and the fast-path statistics."},
     {"fast_path_stats", lazy::fast_path_stats, METH_NOARGS, "(hits, misses) of the fast path."},
+    {"linearize", lazy::linearize, METH_O,
+     "linearize(roots) -> (order, positions, outputs, key, leaves, scalars): see lazy/ir/graph.py."},
     {"live_storages", live_storages, METH_NOARGS, "Every live Storage, oldest first."},
     {"signatures", signatures, METH_NOARGS, "The table of interned node signatures."},
     {nullptr, nullptr, 0, nullptr},

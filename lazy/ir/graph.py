@@ -14,6 +14,7 @@ from typing import Dict, List, Sequence
 
 import torch
 
+from .. import _C
 from .node import DATA, Node
 
 
@@ -33,39 +34,13 @@ class Linearized:
 
 
 def linearize(roots: Sequence[Node]) -> Linearized:
-    """Topologically sort the graph of ``roots`` (inputs first, leaves numbered by first use) in one pass."""
-    pos: Dict[int, int] = {}
-    order: List[Node] = []
-    enc: list = []
-    leaves: List[torch.Tensor] = []
-    scalars: list = []
-    for root in roots:
-        if id(root) in pos:
-            continue
-        stack = [root]
-        while stack:
-            node = stack[-1]
-            if id(node) in pos:
-                stack.pop()
-                continue
-            pending = [i for i in node.inputs if id(i) not in pos]
-            if pending:
-                stack.extend(reversed(pending))
-                continue
-            stack.pop()
-            pos[id(node)] = len(order)
-            order.append(node)
-            enc.append(id(node.sig))
-            if node.op is DATA:
-                leaves.append(node.data)
-            else:
-                enc.extend([pos[id(i)] for i in node.inputs])
-                if node.scalars:
-                    scalars.extend(node.scalars)
-    outputs = [pos[id(r)] for r in roots]
-    enc.append(None)  # separates the body from the outputs
-    enc.extend(outputs)
-    return Linearized(order, pos, outputs, tuple(enc), leaves, scalars)
+    """Topologically sort the graph of ``roots`` (inputs first, leaves numbered by first use) in one pass.
+
+    Depth first, inputs in order; the key is each node's ``id(sig)`` followed (except for data leaves) by the
+    positions of its inputs, then None and the positions of the roots (Note [Graph key]). The walk is C
+    (csrc/graph.cpp): it runs at every sync, over every node.
+    """
+    return Linearized(*_C.linearize(roots))
 
 
 def format_graph(order: Sequence[Node], outputs: Sequence[int] = ()) -> str:
