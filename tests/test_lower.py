@@ -170,3 +170,14 @@ def test_conformance_regressions():
                            torch.fmin(x, y), x.clamp(min=n), x.clamp(min=y), x.clamp(max=y), x.clamp(2, 1),
                            x.to(torch.uint8), (x * 100).to(torch.uint8), i * 4, -i, i.abs(),
                            i.to(torch.int32) + 2 ** 30, i.to(torch.int8) * 3], x, y, i)
+
+
+def test_decompositions_branching_on_a_runtime_scalar_are_not_baked():
+    """A decomposition that compares a runtime scalar with a special value (vector_norm's ord == 0 over size-1
+    dims, addmm's beta == 0 dropping a NaN self) once took the sentinels' branch for every value."""
+    torch.manual_seed(9)
+    x = torch.randn(3, 2, 1, 2)
+    a, m1, m2 = torch.full((2, 2), float("nan")), torch.randn(2, 3), torch.randn(3, 2)
+    check(lambda x, a, m1, m2: [torch.linalg.vector_norm(x, ord=0, dim=2, keepdim=True),
+                                torch.linalg.vector_norm(x, ord=0.0, dim=2), torch.addmm(a, m1, m2, beta=0),
+                                torch.addmm(a, m1, m2, beta=0.0, alpha=2.0)], x, a, m1, m2)

@@ -128,6 +128,42 @@ def _trace_once(node: Node, sentinels: List[Any]) -> torch.fx.GraphModule:
     return make_fx(fn, decomposition_table=table())(*metas)
 
 
+# NOTE: two sentinel traces catch a scalar that is transformed, not one a decomposition compares with a special
+# value: vector_norm(ord) returns abs(x) over size-1 dims unless ord == 0; addmm drops self if beta == 0. The
+# decomposition is kept only if the traces with every scalar at each of these values take the sentinels' branch.
+SPECIAL_VALUES = ((0.0, 0), (1.0, 1), (float("inf"), -1), (float("-inf"), 2))
+
+
+def _special_trace(node: Node, values: tuple) -> Optional[list]:
+    scalars = [values[0] if m is SCALAR_MARKERS[float] else values[1] for m in _scalar_markers(node)]
+    try:
+        return list(_trace_once(node, scalars).graph.nodes)
+    except Exception:  # noqa: BLE001 -- a value the decomposition rejects: not the same branch
+        return None
+
+
+def _same_branch(na: list, ns: Optional[list], sentinel_slots: Dict[Any, int]) -> bool:
+    """Whether trace ``ns`` (special scalar values) has the ops of trace ``na`` (sentinels), with equal static
+    arguments everywhere but where ``na`` passes a sentinel on."""
+    if ns is None or len(na) != len(ns):
+        return False
+    index = {x: i for i, x in enumerate(na)}
+    index_s = {y: i for i, y in enumerate(ns)}
+
+    def same(x: Any, y: Any) -> bool:
+        if isinstance(x, torch.fx.Node):
+            return isinstance(y, torch.fx.Node) and index[x] == index_s[y]
+        if isinstance(x, (list, tuple)):
+            return isinstance(y, (list, tuple)) and len(x) == len(y) and all(map(same, x, y))
+        if type(x) in (int, float) and x in sentinel_slots:
+            return True
+        return type(x) is type(y) and x == y
+
+    return all(x.op == y.op and x.target == y.target and same(tuple(x.args), tuple(y.args)) and
+               x.kwargs.keys() == y.kwargs.keys() and all(same(v, y.kwargs[k]) for k, v in x.kwargs.items())
+               for x, y in zip(na, ns))
+
+
 def _trace(node: Node) -> Optional[Decomposed]:
     a, b = _sentinels(node, 0), _sentinels(node, 1)
     ga, gb = _trace_once(node, a), _trace_once(node, b)
@@ -153,6 +189,8 @@ def _trace(node: Node) -> Optional[Decomposed]:
             raise ValueError("diverging traces")
         return x
 
+    if a and not all(_same_branch(na, _special_trace(node, v), ref_a) for v in SPECIAL_VALUES):
+        return None
     for x, y in zip(na, nb):
         if x.op != y.op or x.target != y.target:
             return None
