@@ -181,3 +181,21 @@ def test_decompositions_branching_on_a_runtime_scalar_are_not_baked():
     check(lambda x, a, m1, m2: [torch.linalg.vector_norm(x, ord=0, dim=2, keepdim=True),
                                 torch.linalg.vector_norm(x, ord=0.0, dim=2), torch.addmm(a, m1, m2, beta=0),
                                 torch.addmm(a, m1, m2, beta=0.0, alpha=2.0)], x, a, m1, m2)
+
+
+def test_index_arithmetic_splits_by_common_divisor():
+    # (17*i + j) // 136 with j < 17 is i // 8; k*(a // k) + a % k folds back to a: the row index of a reshaped
+    # (256, 17) -> (32, 8, 17) reduction is a plain loop variable again, so the scheduler hoists the reduction.
+    from lazy.lower import kir
+    i, j = kir.var("i", 256), kir.var("j", 17)
+    flat = kir.iadd(kir.imul(i, 17), j)
+    assert kir.ifloordiv(flat, 136) is kir.ifloordiv(i, 8)
+    assert kir.imod(flat, 136) is kir.iadd(kir.imul(kir.imod(i, 8), 17), j)
+    assert kir.iadd(kir.imul(kir.ifloordiv(flat, 136), 8), kir.imod(kir.ifloordiv(flat, 17), 8)) is i
+    assert kir.iadd(kir.imul(kir.ifloordiv(i, 8), 8), kir.imod(i, 8)) is i
+    # not applicable: the remainder can reach the divisor, or the quotient part could be negative
+    assert kir.ifloordiv(kir.iadd(kir.imul(i, 17), kir.imul(j, 2)), 136).op == "ifloordiv"
+    assert kir.ifloordiv(kir.iadd(flat, kir.const(-17, kir.INDEX)), 136).op == "ifloordiv"
+    x = torch.randn(4, 6, 10)
+    check(lambda x: [x.reshape(24, 10).softmax(1).reshape(4, 6, 10) * 1, x.reshape(4, 60).sum(1),
+                     x.reshape(2, 12, 10).log_softmax(2).reshape(24, 10)[3:17:2] + 1], x)

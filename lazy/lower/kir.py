@@ -13,6 +13,7 @@ Nothing here knows a backend: renderers (codegen/) turn each op into text throug
 from __future__ import annotations
 
 import itertools
+import math
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -167,7 +168,31 @@ def _linear(e: Expr) -> Tuple[Dict[Expr, int], int]:
     return {e: 1}, 0
 
 
+def _fold_divmod(terms: Dict[Expr, int]) -> Dict[Expr, int]:
+    """``k*m*(a // k) + m*(a % k)`` -> ``m*a``: a split index recombined (reshape (i*C + j) -> (i, j) -> flat)."""
+    for f, cf in list(terms.items()):
+        if f.op != "ifloordiv" or f not in terms:
+            continue
+        a, k = f.args[0], f.args[1].args[0]
+        for m, cm in list(terms.items()):
+            if m.op == "imod" and m.args[0] is a and m.args[1].args[0] == k and cf == cm * k:
+                terms = dict(terms)
+                del terms[f], terms[m]
+                ta, ca = _linear(a)
+                for x, v in ta.items():
+                    terms[x] = terms.get(x, 0) + v * cm
+                terms = {x: v for x, v in terms.items() if v}
+                if ca:
+                    terms[const(ca * cm, INDEX)] = 1  # folded back into the constant by _build
+                return _fold_divmod(terms)
+    return terms
+
+
 def _build(terms: Dict[Expr, int], c: int) -> Expr:
+    if len(terms) > 1:
+        terms = _fold_divmod(terms)
+        for atom in [a for a in terms if a.op == "const"]:
+            c += atom.args[0] * terms.pop(atom)
     out: Optional[Expr] = None
     for atom, k in sorted(terms.items(), key=lambda t: _order(t[0])):
         term = atom if k == 1 else mk("imul", INDEX, atom, const(k, INDEX))
@@ -232,7 +257,24 @@ def ifloordiv(a: Expr, k: int) -> Expr:
         return _build(keep, q)
     if rest.op == "const" and not keep:
         return const((c + rest.args[0]) // k, INDEX)
+    split = _split_by_gcd(t, c, k)
+    if split is not None:  # (g*A + s) // k == A // (k/g) when g | k and 0 <= s < g
+        big, _, g = split
+        return ifloordiv(big, k // g)
     return mk("ifloordiv", INDEX, a, const(k, INDEX))
+
+
+def _split_by_gcd(t: Dict[Expr, int], c: int, k: int) -> Optional[Tuple[Expr, Expr, int]]:
+    """``sum(t) + c == g*big + small`` with ``g`` a divisor of ``k`` (> 1) and ``0 <= small < g``, or None."""
+    for g in sorted({math.gcd(v, k) for v in t.values()} - {1, k}, reverse=True):
+        q, r = divmod(c, g)
+        small = _build({x: v for x, v in t.items() if v % g}, r)
+        lo, hi = bounds(small)
+        big = _build({x: v // g for x, v in t.items() if v % g == 0}, q)
+        # NOTE: only for big >= 0, where the renderers' truncating / and % agree with floor division
+        if 0 <= lo and hi < g and bounds(big)[0] >= 0:
+            return big, small, g
+    return None
 
 
 def imod(a: Expr, k: int) -> Expr:
@@ -243,6 +285,11 @@ def imod(a: Expr, k: int) -> Expr:
     lo, hi = bounds(rest)
     if 0 <= lo and hi < k:
         return rest
+    t, c = _linear(rest)
+    split = _split_by_gcd(t, c, k)
+    if split is not None:  # (g*A + s) % k == g*(A % (k/g)) + s when g | k and 0 <= s < g
+        big, small, g = split
+        return iadd(imul(imod(big, k // g), g), small)
     return mk("imod", INDEX, rest, const(k, INDEX))
 
 
