@@ -157,3 +157,57 @@ def test_two_over_pi_chunks_and_no_cmath():
         bits = int(mpmath.floor(2 / mpmath.pi * mpmath.mpf(2) ** (24 * len(cpp_math.TWO_OVER_PI_24))))
     assert bits == int("".join(f"{d:06x}" for d in cpp_math.TWO_OVER_PI_24), 16)
     assert "<cmath>" not in cpp.PRELUDE  # Note [No <cmath>]: it costs ~0.17 s of every compile
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_arena_temporaries_and_fresh_outputs(keep, monkeypatch):
+    # Note [Run plan]: kernel-only temporaries live in the Program's arena (reused by lifetime), outputs are new
+    # tensors every run, and an extern's output that views an arena buffer is copied out before kernels reuse it.
+    from lazy.runtime.cpp import _arena_layout
+    from lazy.lower.kir import Buffer
+    bufs = [Buffer(i, (16,), torch.float32) for i in range(3)]
+    size, off = _arena_layout(bufs, {0: 0, 1: 1, 2: 3}, {0: 1, 1: 2, 2: 4})
+    assert off[0] != off[1] and off[2] in (off[0], off[1]) and size == 2 * 64
+
+    def fn(x, w):
+        y = x
+        for i in range(30):                             # too big to recompute: stored once, read by two kernels
+            y = (y * 1.01).sin() if i % 2 else y + 0.5
+        h = y.exp().sum(1, keepdim=True)
+        a = (x / h) @ w                                 # an extern reading a kernel buffer
+        v = (y + 1).t()
+        return [a.relu(), y.sum(0) * 3, (v @ x).tanh(), (x - h).tanh() * 2]
+
+    if not keep:  # a large arena: a fresh one per run, extern inputs as fresh tensors
+        monkeypatch.setattr(lazy.runtime.cpp, "ARENA_KEEP_BYTES", 0)
+        graph_cache._CACHE.clear()
+    x, w = torch.randn(8, 8), torch.randn(8, 4)
+    want = fn(x, w)
+    firsts = None
+    for step in range(3):
+        lz = fn(x.to("lazy"), w.to("lazy"))
+        lazy.mark_step()
+        got = [t.cpu() for t in lz]
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e)
+        if step == 0:
+            firsts = [g.clone() for g in got]
+    for g, e in zip(firsts, want):
+        torch.testing.assert_close(g, e)  # earlier results are not overwritten by later runs
+    prog = last_program()
+    assert prog.backend == "cpp" and prog.keep_arena == keep and prog.arena_slots
+    assert bool(prog.arena_views) == keep
+
+
+def test_per_kernel_timing_under_debug_3(capsys):
+    x = torch.randn(64, 64)
+    with lazy.config.override(debug=3):
+        metrics.reset()
+        lz = x.to("lazy")
+        (((lz * 1.5).softmax(1) @ lz).sum(0) + 1).cpu()
+    timed = [k for k in metrics.counters() if k.startswith("cpp.time.")]
+    assert any(k.startswith("cpp.time.kernel k") for k in timed) and any("extern aten.mm" in k for k in timed)
+    assert "cpp run:" in capsys.readouterr().err
+    metrics.reset()
+    (x.to("lazy") * 2.5).cpu()
+    assert not [k for k in metrics.counters() if k.startswith("cpp.time.")]  # off unless asked for

@@ -258,8 +258,9 @@ def render_kernel(k: Kernel) -> str:
     return "\n".join(lines)
 
 
-def render(sched: Schedule) -> tuple:
-    """(source, segments): segments are lists of kernels, one ``lz_seg<i>`` entry point each, in step order."""
+def render(sched: Schedule, kernel_entries: bool = False) -> tuple:
+    """(source, segments): segments are lists of kernels, one ``lz_seg<i>`` entry point each, in step order.
+    ``kernel_entries`` adds one ``lz_kernel_<name>`` entry point per kernel (for timing kernels one by one)."""
     parts = [PRELUDE]
     segments: List[List[Kernel]] = []
     current: List[Kernel] = []
@@ -276,4 +277,7 @@ def render(sched: Schedule) -> tuple:
         calls = "\n".join(f"  lz_{k.name}(P, F, I);" for k in seg)
         parts.append(f'extern "C" int lz_seg{i}(void** P, const double* F, const int64_t* I) {{\n{calls}\n'
                      f"  int e = lz_err; lz_err = 0; return e;\n}}")
+    for k in (sched.kernels if kernel_entries else ()):
+        parts.append(f'extern "C" int lz_kernel_{k.name}(void** P, const double* F, const int64_t* I) {{\n'
+                     f"  lz_{k.name}(P, F, I);\n  int e = lz_err; lz_err = 0; return e;\n}}")
     return "\n\n".join(parts) + "\n", segments

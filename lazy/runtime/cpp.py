@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 import time
 import warnings
-from typing import Any, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -28,8 +28,9 @@ from ..ir.graph import Linearized, format_graph
 from ..ir.node import DATA
 from ..lower import Extern, lower
 from ..schedule import Kernel, format_schedule, schedule
+from .reference import EXEC_OVERRIDES, _direct, _fill, eager_dispatch
 from .reference import Program as ReferenceProgram
-from .reference import run_node
+from .reference import _plan as _plan_args
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-fno-trapping-math",
          "-fwrapv") + (("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64") else ())
@@ -42,6 +43,20 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "
 # use 16-float vectors: the 200-op chain at 1024^2 runs in 183 ms instead of 328 ms (measured under load ~3.5).
 
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+_SEGMENT, _EXTERN = "seg", "extern"
+ARENA_KEEP_BYTES = 1 << 20  # a Program keeps an arena up to this size between runs (Note [Run plan])
+_ALIGN = 64
+
+# Note [Run plan]
+# A cached graph runs every step, so a run does no planning: its steps are prebuilt tuples (entry points with
+# their ctypes signatures, extern calls with flat argument plans, which buffers to allocate and free). Buffers
+# that only kernels read or write (temporaries inside a segment or between segments) live at offsets of one
+# byte arena, laid out once by lifetime (``_arena_layout``: a temporary reuses the bytes of one that died
+# before it was defined), so they cost neither a torch.empty nor a tensor per run. A Program keeps its arena
+# when it is small (ARENA_KEEP_BYTES), with the kernel buffers that externs read as prebuilt views into it;
+# an extern output that aliases the arena is copied out, since later kernels overwrite those bytes. Graph
+# outputs are fresh tensors (they become the data of lazy tensors). A re-entered run (another thread) or a
+# large arena gets a fresh arena per run.
 
 
 class CompileError(RuntimeError):
@@ -79,7 +94,7 @@ class Program:
         lowered = lower(lin)                                   # ATen graph -> kernel IR + externs
         sched = schedule(lowered, renderer.LIMITS)             # fusion, order, buffer lifetimes
         self.kernel_ir = format_schedule(sched)
-        source, segments = renderer.render(sched)              # kernel IR -> C++
+        source, segments = renderer.render(sched, config.debug >= 3)  # kernel IR -> C++
         self.source = source
         self.graph_text = format_graph(lin.order, lin.outputs)
         self.num_nodes = sum(1 for n in lin.order if n.op is not DATA)
@@ -101,68 +116,237 @@ class Program:
         return ctypes.CDLL(path)
 
     def _plan(self, lowered: Any, sched: Any, segments: List[List[Kernel]]) -> None:
+        """Flat run-time plan (Note [Run plan]): steps as tuples, kernel-only temporaries at fixed arena offsets."""
         self.num_buffers = lowered.num_buffers
         self.leaf_ids = [b.id for b in lowered.leaves]
         self.output_ids = [b.id for b in lowered.outputs]
         self.scalar_kinds = list(lowered.scalar_kinds)
+        outputs = set(self.output_ids)
+        extern_read = {b.id for s in sched.steps if isinstance(s, Extern) for b in s.inputs}
+        defined: Dict[int, int] = {}
+        stored: Dict[int, Any] = {}
+        for i, step in enumerate(sched.steps):
+            if isinstance(step, Kernel):
+                for b, _, _ in step.stores:
+                    defined.setdefault(b.id, i)
+                    stored[b.id] = b
+        # kernel-only temporaries live in the arena; outputs escape (fresh tensors); extern inputs need tensors,
+        # which are prebuilt views of the arena when it is kept by the Program (small), else fresh tensors
+        in_arena = [b for bid, b in stored.items() if bid not in outputs]
+        self.arena_bytes, offsets = _arena_layout(in_arena, defined, sched.last_use)
+        self.keep_arena = self.arena_bytes <= ARENA_KEEP_BYTES
+        if not self.keep_arena:
+            in_arena = [b for b in in_arena if b.id not in extern_read]
+            self.arena_bytes, offsets = _arena_layout(in_arena, defined, sched.last_use)
+        self._arena = torch.empty(self.arena_bytes, dtype=torch.uint8) if self.keep_arena else None
+        self._busy = False
+        self.arena_slots = [(b.id, offsets[b.id]) for b in in_arena if b.id not in extern_read]
+        self.arena_views = [(b.id, offsets[b.id], b.shape, b.dtype) for b in in_arena if b.id in extern_read]
+        self._ptrs = (ctypes.c_void_p * max(self.num_buffers, 1))()
+        self._values: List[Any] = [None] * self.num_buffers
+        if self.keep_arena:
+            base = self._arena.data_ptr()
+            for bid, off in self.arena_slots:
+                self._ptrs[bid] = base + off
+            for bid, off, shape, dtype in self.arena_views:
+                t = _view(self._arena, off, shape, dtype)
+                self._values[bid] = t
+                self._ptrs[bid] = t.data_ptr()
+        kept = {bid for bid, _ in self.arena_slots} | ({v[0] for v in self.arena_views} if self.keep_arena else set())
+        self._transient = [i for i in range(self.num_buffers) if i not in kept]
         seg_of = {id(seg[0]): i for i, seg in enumerate(segments)}
         steps: List[list] = []
         for i, step in enumerate(sched.steps):
-            frees = list(sched.frees.get(i, ()))
+            frees = [b for b in sched.frees.get(i, ()) if b not in kept]
             if isinstance(step, Extern):
-                steps.append(["extern", step.fn, step.args, step.kwargs, tuple(b.id for b in step.inputs),
-                              tuple(step.slots), tuple((b.id if b is not None else None) for b in step.outputs),
-                              frees])
+                fn = _direct(EXEC_OVERRIDES.get(step.fn, step.fn))
+                steps.append([_EXTERN, step.name, fn, step.args, step.kwargs, _plan_args(step.args, step.kwargs),
+                              tuple(b.id for b in step.inputs), tuple(step.slots),
+                              tuple((b.id if b is not None else None) for b in step.outputs),
+                              tuple(frees)])
                 continue
             if id(step) in seg_of:
-                fn = getattr(self.lib, f"lz_seg{seg_of[id(step)]}")
-                fn.argtypes = _ARGTYPES
-                fn.restype = ctypes.c_int
-                steps.append(["seg", [], [], fn, 0])
+                n = seg_of[id(step)]
+                steps.append([_SEGMENT, f"seg{n}", self._entry(f"lz_seg{n}"), [], [], 0, []])
             seg = steps[-1]
-            seg[1].extend((b.id, b.shape, b.dtype) for b, _, _ in step.stores)
-            seg[2].extend(frees)
-            seg[4] += 1
+            seg[3].extend((b.id, b.shape, b.dtype) for b, _, _ in step.stores
+                          if b.id in outputs or (b.id in extern_read and not self.keep_arena))
+            seg[4].extend(frees)
+            seg[5] += 1
+            seg[6].append(step.name)
         self.steps = [tuple(s) for s in steps]
 
+    def _entry(self, name: str) -> Any:
+        fn = getattr(self.lib, name)
+        fn.argtypes = _ARGTYPES
+        fn.restype = ctypes.c_int
+        return fn
+
     def run(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any]) -> List[torch.Tensor]:
-        values: List[Any] = [None] * self.num_buffers
+        if self._busy or not self.keep_arena:  # re-entered (another thread) or a large arena: a private one
+            return self._run_fresh(leaves, scalars)
+        self._busy = True
+        try:
+            return self._run(self._values, self._ptrs, self._arena, leaves, scalars)
+        finally:
+            for i in self._transient:  # hold no leaf, extern result or output between runs
+                self._values[i] = None
+            self._busy = False
+
+    def _run_fresh(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any]) -> List[torch.Tensor]:
+        arena = torch.empty(self.arena_bytes, dtype=torch.uint8)
         ptrs = (ctypes.c_void_p * max(self.num_buffers, 1))()
+        values: List[Any] = [None] * self.num_buffers
+        base = arena.data_ptr()
+        for bid, off in self.arena_slots:
+            ptrs[bid] = base + off
+        if self.keep_arena:
+            for bid, off, shape, dtype in self.arena_views:
+                t = _view(arena, off, shape, dtype)
+                values[bid] = t
+                ptrs[bid] = t.data_ptr()
+        return self._run(values, ptrs, arena, leaves, scalars)
+
+    def _run(self, values: List[Any], ptrs: Any, arena: torch.Tensor, leaves: Sequence[torch.Tensor],
+             scalars: Sequence[Any]) -> List[torch.Tensor]:
         for i, t in zip(self.leaf_ids, leaves):
             values[i] = t
             ptrs[i] = t.data_ptr()
         n = max(len(scalars), 1)
         fs = (ctypes.c_double * n)(*[float(s) if isinstance(s, (int, float)) else 0.0 for s in scalars])
         is_ = (ctypes.c_int64 * n)(*[int(s) if isinstance(s, (int, bool)) else 0 for s in scalars])
+        timer = _Timer(self) if config.debug >= 3 else None
+        check_alias = bool(self.arena_views) and self.keep_arena
         launched = 0
-        for step in self.steps:
-            if step[0] == "seg":
-                _, allocs, frees, fn, count = step
-                for i, shape, dtype in allocs:
-                    t = torch.empty(shape, dtype=dtype)
-                    values[i] = t
-                    ptrs[i] = t.data_ptr()
-                if fn(ptrs, fs, is_):
-                    raise ZeroDivisionError("lazy: integer division by zero in a compiled kernel")
-                launched += count
-            else:
-                _, fn, args, kwargs, ins, slots, outs, frees = step
-                result = run_node(fn, args, kwargs, [values[i] for i in ins], [scalars[s] for s in slots],
-                                  self.device)
-                results = result if len(outs) > 1 or isinstance(result, (tuple, list)) else (result,)
-                for i, t in zip(outs, results):
-                    if i is None:
-                        continue
-                    if not t.is_contiguous():
-                        t = t.contiguous()
-                    values[i] = t
-                    ptrs[i] = t.data_ptr()
-            for i in frees:
-                values[i] = None
+        with eager_dispatch():
+            for step in self.steps:
+                if step[0] is _SEGMENT:
+                    _, label, fn, allocs, frees, count, names = step
+                    for i, shape, dtype in allocs:
+                        t = torch.empty(shape, dtype=dtype)
+                        values[i] = t
+                        ptrs[i] = t.data_ptr()
+                    if timer is not None:
+                        err = timer.segment(label, fn, names, ptrs, fs, is_)
+                    else:
+                        err = fn(ptrs, fs, is_)
+                    if err:
+                        raise ZeroDivisionError("lazy: integer division by zero in a compiled kernel")
+                    launched += count
+                else:
+                    _, label, fn, args, kwargs, plan, ins, slots, outs, frees = step
+                    start = time.perf_counter() if timer is not None else 0.0
+                    result = _call_extern(fn, args, kwargs, plan, [values[i] for i in ins], scalars, slots,
+                                          self.device)
+                    results = result if len(outs) > 1 or isinstance(result, (tuple, list)) else (result,)
+                    for i, t in zip(outs, results):
+                        if i is None:
+                            continue
+                        if not t.is_contiguous():
+                            t = t.contiguous()
+                        elif check_alias and _inside(t, arena):  # a view of an arena buffer: copy it out
+                            t = t.clone()
+                        values[i] = t
+                        ptrs[i] = t.data_ptr()
+                    if timer is not None:
+                        timer.add(f"extern {label}", time.perf_counter() - start)
+                for i in frees:
+                    values[i] = None
+        outs = [values[i] for i in self.output_ids]
+        if timer is not None:
+            timer.report()
         metrics.bump("executed_graphs")
         metrics.bump("executed_nodes", self.num_nodes)
         metrics.bump("kernels_launched", launched)
-        return [values[i] for i in self.output_ids]
+        return outs
+
+
+def _arena_layout(bufs: List[Any], defined: Dict[int, int], last_use: Dict[int, int]) -> Tuple[int, Dict[int, int]]:
+    """Byte offsets of ``bufs`` in one arena: greedy by size, a buffer shares bytes only with buffers whose
+    lifetimes (defining step .. last use) do not overlap its own. Returns (arena size, offsets by buffer id)."""
+    placed: List[Tuple[int, int, int, int]] = []  # (offset, end, first step, last step)
+    offsets: Dict[int, int] = {}
+    size = 0
+    for b in sorted(bufs, key=lambda b: (-_nbytes(b), b.id)):
+        nbytes = -(-max(_nbytes(b), 1) // _ALIGN) * _ALIGN
+        first = defined[b.id]
+        last = max(last_use.get(b.id, first), first)
+        busy = sorted((o, e) for o, e, f, l in placed if not (l < first or last < f))
+        off = 0
+        for o, e in busy:
+            if off + nbytes <= o:
+                break
+            off = max(off, e)
+        placed.append((off, off + nbytes, first, last))
+        offsets[b.id] = off
+        size = max(size, off + nbytes)
+    return size, offsets
+
+
+def _nbytes(b: Any) -> int:
+    n = b.dtype.itemsize
+    for d in b.shape:
+        n *= d
+    return n
+
+
+def _view(arena: torch.Tensor, offset: int, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    n = 1
+    for d in shape:
+        n *= d
+    return arena[offset:offset + n * dtype.itemsize].view(dtype).view(shape)
+
+
+def _inside(t: torch.Tensor, arena: torch.Tensor) -> bool:
+    p = t.untyped_storage().data_ptr()
+    base = arena.data_ptr()
+    return base <= p < base + arena.numel()
+
+
+def _call_extern(fn: Any, args: tuple, kwargs: tuple, plan: Any, ivals: List[Any], scalars: Sequence[Any],
+                 slots: tuple, device: torch.device) -> Any:
+    if plan is None:
+        it, sc = iter(ivals), iter([scalars[s] for s in slots])
+        return fn(*_fill(args, it, sc, device), **{k: _fill(v, it, sc, device) for k, v in kwargs})
+    aplan, kwplan = plan
+    a = [x if k == 0 else ivals[x] if k == 1 else scalars[slots[x]] for k, x in aplan]
+    kw = {name: x if k == 0 else ivals[x] if k == 1 else scalars[slots[x]] for name, k, x in kwplan}
+    return fn(*a, **kw)
+
+
+class _Timer:
+    """Per-kernel and per-extern wall time of one run (LAZY_DEBUG>=3), added to the ``cpp.time.*`` counters and
+    logged. Kernels are timed one by one through their ``lz_kernel_<name>`` entry points, which the renderer
+    emits only for graphs compiled at LAZY_DEBUG>=3; otherwise per segment."""
+
+    def __init__(self, program: "Program") -> None:
+        self.program = program
+        self.times: Dict[str, float] = {}
+
+    def add(self, label: str, seconds: float) -> None:
+        self.times[label] = self.times.get(label, 0.0) + seconds
+        metrics.bump(f"cpp.time.{label}", seconds)
+
+    def segment(self, label: str, fn: Any, names: List[str], ptrs: Any, fs: Any, is_: Any) -> int:
+        lib = self.program.lib
+        if all(hasattr(lib, f"lz_kernel_{n}") for n in names):
+            err = 0
+            for n in names:
+                k = getattr(lib, f"lz_kernel_{n}")
+                k.argtypes, k.restype = _ARGTYPES, ctypes.c_int
+                start = time.perf_counter()
+                err |= k(ptrs, fs, is_)
+                self.add(f"kernel {n}", time.perf_counter() - start)
+            return err
+        start = time.perf_counter()
+        err = fn(ptrs, fs, is_)
+        self.add(f"segment {label} ({' '.join(names)})", time.perf_counter() - start)
+        return err
+
+    def report(self) -> None:
+        total = sum(self.times.values())
+        lines = [f"  {t * 1e6:9.1f} us  {label}" for label, t in sorted(self.times.items(), key=lambda x: -x[1])]
+        log(3, f"cpp run: {total * 1e3:.3f} ms in kernels and externs\n" + "\n".join(lines))
 
 
 def compile_cpp(lin: Linearized, device: torch.device) -> Any:
