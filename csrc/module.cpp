@@ -32,7 +32,7 @@ PyMethodDef methods[] = {
      "LazyTensor.__torch_dispatch__(cls, func, types, args=(), kwargs=None): record func (lazy/trace/record.py)."},
     {"configure", FASTCALL(lazy::configure), METH_FASTCALL, "Hand the hot path the Python objects it uses."},
     {"register_op", FASTCALL(lazy::register_op), METH_FASTCALL,
-     "register_op(func, desc, kinds, kw_kinds, view): record func on the fast path once its call is memoized."},
+     "register_op(func, desc, kinds, kw_kinds, kind, functional): record func in C once its call is memoized."},
     {"install_operators", FASTCALL(lazy::install_operators), METH_FASTCALL,
      "Give LazyTensor operator methods that record plain calls without the dispatcher."},
     {"clear_fast_cache", lazy::clear_fast_cache, METH_NOARGS, "Forget the fast path's signature cache."},

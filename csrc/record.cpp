@@ -46,10 +46,16 @@ class Ref {
 constexpr int kStatic = 0;
 constexpr int kRuntimeMemoValue = 2;
 
+// Kinds of fast ops.
+constexpr int kFunctional = 0;
+constexpr int kView = 1;
+constexpr int kInplace = 2;  // ``self`` is the only mutated argument and the only return, a base tensor
+
 struct FastOp {
   PyObject* desc;      // the OpDesc (strong reference; ops are immortal, so are their descs)
   PyObject* kw_kinds;  // dict: keyword-only argument name -> kind
-  bool view;           // a single-output view op (record_view), else a functional op (record_functional)
+  int kind;            // kFunctional (record_functional), kView (record_view) or kInplace (record_inplace)
+  PyObject* functional;  // kInplace: the functional variant that is recorded (Note [Functional variants])
   std::vector<int> kinds;
 };
 
@@ -193,6 +199,23 @@ PyObject* cache_entry(PyObject* func, const FastOp& op, PyObject* key, PyObject*
     if (PyErr_Occurred()) return nullptr;
     return kBail;  // first call of this signature: the Python recorder infers and memoizes it
   }
+  Ref functional_key;
+  if (op.kind == kInplace) {
+    // The in-place op's own metadata was checked (key above); the recorded node is its functional variant's,
+    // memoized under (variant, template, memo) by record_inplace, and must have self's shape and dtype.
+    functional_key = Ref(PyTuple_Pack(4, op.functional, targs, tkw, PyTuple_GET_ITEM(key, 3)));
+    if (!functional_key) return nullptr;
+    out = PyDict_GetItemWithError(g.memo, functional_key.get());
+    if (out == nullptr) return PyErr_Occurred() ? nullptr : kBail;
+    PyObject* self_desc = PyTuple_GET_ITEM(PyTuple_GET_ITEM(key, 3), 0);
+    if (Py_TYPE(out) != g.out_type || PyTuple_GET_SIZE(out) != 5 ||
+        PyTuple_GET_ITEM(out, 3) != PyTuple_GET_ITEM(self_desc, 3)) {
+      return kBail;
+    }
+    int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(out, 0), PyTuple_GET_ITEM(self_desc, 0), Py_EQ);
+    if (same <= 0) return same < 0 ? nullptr : kBail;  // a cast or an expand on write-back: Python
+    func = op.functional;
+  }
   if (Py_TYPE(out) != g.out_type || PyTuple_GET_SIZE(out) != 5) return kBail;  // several outputs: Python
   PyObject* shape = PyTuple_GET_ITEM(out, 0);
   PyObject* dtype = PyTuple_GET_ITEM(out, 3);
@@ -201,7 +224,7 @@ PyObject* cache_entry(PyObject* func, const FastOp& op, PyObject* key, PyObject*
   Ref desc(PyTuple_GetSlice(out, 0, 4));
   if (!desc) return nullptr;
   Ref step;
-  if (op.view) {
+  if (op.kind == kView) {
     PyObject* step_args[] = {func, targs, tkw, shape, dtype};
     step = Ref(PyObject_Vectorcall(g.view_step, step_args, 5, nullptr));
   } else {
@@ -246,8 +269,17 @@ PyObject* record(PyObject* func, const FastOp& op, PyObject* args, PyObject* kwa
       PyTuple_SET_ITEM(tkw.get(), at++, pair);
     }
   }
-  if (op.view && (c.n_ins != 1 || c.n_scalars != 0 || n == 0 || Py_TYPE(PyTuple_GET_ITEM(args, 0)) != g.lazy_type)) {
-    return kBail;
+  PyObject* self = n > 0 ? PyTuple_GET_ITEM(args, 0) : nullptr;
+  if (op.kind != kFunctional && (self == nullptr || Py_TYPE(self) != g.lazy_type)) return kBail;
+  if (op.kind == kView && (c.n_ins != 1 || c.n_scalars != 0)) return kBail;
+  Ref self_st;
+  if (op.kind == kInplace) {  // only a base tensor: a view's write-back scatters through its chain (Python)
+    Ref chain(PyObject_GetAttr(self, g.name_chain));
+    if (!chain) return nullptr;
+    if (chain.get() != Py_None) return kBail;
+    self_st = Ref(PyObject_GetAttr(self, g.name_st));
+    if (!self_st) return nullptr;
+    if (Py_TYPE(self_st.get()) != &StorageType) return kBail;
   }
   Ref memo(tuple_of(c.memo, c.n_memo));
   if (!memo) return nullptr;
@@ -268,14 +300,21 @@ PyObject* record(PyObject* func, const FastOp& op, PyObject* args, PyObject* kwa
   Ref inputs(tuple_of(c.ins, c.n_ins));
   Ref scalars(tuple_of(c.scalars, c.n_scalars));
   if (!inputs || !scalars) return nullptr;
-  Ref node(make_node(func, targs.get(), tkw.get(), inputs.get(), scalars.get(), shape, dtype, Py_None, Py_None,
-                     sig));
+  Ref node(make_node(op.kind == kInplace ? op.functional : func, targs.get(), tkw.get(), inputs.get(),
+                     scalars.get(), shape, dtype, Py_None, Py_None, sig));
   if (!node) return nullptr;
+  if (op.kind == kInplace) {  // views.write for a base: the storage takes the new value; its views re-derive
+    auto* st = reinterpret_cast<StorageObject*>(self_st.get());
+    Py_SETREF(st->value, node.release());
+    ++st->version;
+    Py_INCREF(self);
+    return self;
+  }
   PyObject* wrapper_args[] = {reinterpret_cast<PyObject*>(g.lazy_type), shape, stride, PyTuple_GET_ITEM(desc, 2),
                               Py_None, dtype, g.layout, g.device};
   Ref t(PyObject_Vectorcall(g.make_wrapper, wrapper_args, 8, nullptr));
   if (!t || PyObject_SetAttr(t.get(), g.name_desc, desc) != 0) return nullptr;
-  if (!op.view) {
+  if (op.kind == kFunctional) {
     long long numel = PyLong_AsLongLong(PyTuple_GET_ITEM(entry, 2));
     if (numel == -1 && PyErr_Occurred()) return nullptr;
     Ref st(make_storage(node.get(), shape, stride, numel));
@@ -284,9 +323,8 @@ PyObject* record(PyObject* func, const FastOp& op, PyObject* args, PyObject* kwa
   }
   // A view (record.py's _view_tensor): the base's storage, the base's chain plus this step, the value cached
   // for the storage's current version.
-  PyObject* base = PyTuple_GET_ITEM(args, 0);
-  Ref st(PyObject_GetAttr(base, g.name_st));
-  Ref chain(st ? PyObject_GetAttr(base, g.name_chain) : nullptr);
+  Ref st(PyObject_GetAttr(self, g.name_st));
+  Ref chain(st ? PyObject_GetAttr(self, g.name_chain) : nullptr);
   if (!chain) return nullptr;
   if (Py_TYPE(st.get()) != &StorageType || (chain.get() != Py_None && !PyTuple_CheckExact(chain.get()))) {
     PyErr_SetString(PyExc_TypeError, "lazy internal error: a lazy tensor's storage or view chain is malformed");
@@ -509,8 +547,9 @@ PyObject* configure(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 }
 
 PyObject* register_op(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 5 || !PyTuple_Check(args[2]) || !PyDict_Check(args[3])) {
-    PyErr_SetString(PyExc_TypeError, "register_op(func, desc, kinds: tuple, kw_kinds: dict, view: bool)");
+  if (nargs != 6 || !PyTuple_Check(args[2]) || !PyDict_Check(args[3]) || !PyLong_Check(args[4])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "register_op(func, desc, kinds: tuple, kw_kinds: dict, kind: int, functional_variant)");
     return nullptr;
   }
   if (g.ops.count(args[0]) != 0) Py_RETURN_NONE;
@@ -520,14 +559,18 @@ PyObject* register_op(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (kind == -1 && PyErr_Occurred()) return nullptr;
     op.kinds.push_back(static_cast<int>(kind));
   }
-  int view = PyObject_IsTrue(args[4]);
-  if (view < 0) return nullptr;
-  op.view = view != 0;
+  op.kind = static_cast<int>(PyLong_AsLong(args[4]));
+  if (op.kind < kFunctional || op.kind > kInplace || (op.kind == kInplace && args[5] == Py_None)) {
+    PyErr_SetString(PyExc_ValueError, "register_op: kind is 0 (functional), 1 (view) or 2 (in-place, with variant)");
+    return nullptr;
+  }
   Py_INCREF(args[0]);
   Py_INCREF(args[1]);
   Py_INCREF(args[3]);
+  Py_INCREF(args[5]);
   op.desc = args[1];
   op.kw_kinds = args[3];
+  op.functional = args[5];
   g.ops.emplace(args[0], std::move(op));
   Py_RETURN_NONE;
 }

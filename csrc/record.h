@@ -13,8 +13,9 @@ PyObject* torch_dispatch(PyObject* self, PyObject* const* args, Py_ssize_t nargs
 //           memo, slow_dispatch, view_value, view_step_type): the Python objects the hot path uses.
 PyObject* configure(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
-// register_op(func, desc, kinds, kw_kinds, view): ``func`` is recorded by record_functional (or, if ``view``,
-// record_view); ``kinds``/``kw_kinds``: the scalar kind of each positional / keyword-only argument.
+// register_op(func, desc, kinds, kw_kinds, kind, functional): ``func`` is recorded as record_functional (kind 0),
+// record_view (1) or record_inplace (2, recording ``functional``) would; ``kinds``/``kw_kinds``: the scalar kind
+// of each positional / keyword-only argument.
 PyObject* register_op(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 // Drops every fast-path cache entry (the shape memo was cleared).

@@ -156,3 +156,22 @@ def test_batch_norm_out_eval_leaves_stats_outs_alone():
                                    save_invstd=save_invstd)
 
     same(run, x, w, b, mean, var, torch.zeros(3, 2, 4), torch.zeros(0), torch.full((5,), 2.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_norm_statistics_of_half_inputs_keep_their_dtype_on_cpu(dtype):
+    """cpu layer/batch norm return float16/bfloat16 mean and rstd for such inputs; the meta kernels say float32."""
+    x, w = torch.randn(2, 3, 4, dtype=dtype), torch.randn(4, dtype=dtype)
+    expected = torch.ops.aten.native_layer_norm(x, [4], w, w, 1e-5)
+    got = torch.ops.aten.native_layer_norm(x.to("lazy"), [4], w.to("lazy"), w.to("lazy"), 1e-5)
+    for e, g in zip(expected, got):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        torch.testing.assert_close(g.cpu(), e)
+    for training in (True, False):
+        rm, rv = torch.zeros(3, dtype=dtype), torch.ones(3, dtype=dtype)
+        expected = torch.ops.aten.native_batch_norm(x, w[:3], w[:3], rm.clone(), rv.clone(), training, 0.1, 1e-5)
+        got = torch.ops.aten.native_batch_norm(x.to("lazy"), w[:3].to("lazy"), w[:3].to("lazy"), rm.to("lazy"),
+                                               rv.to("lazy"), training, 0.1, 1e-5)
+        for e, g in zip(expected, got):
+            assert g.dtype == e.dtype and g.shape == e.shape
+            torch.testing.assert_close(g.cpu(), e)

@@ -263,3 +263,45 @@ def test_operators_with_other_operands():
     with pytest.raises(TypeError):
         x + "a"
     torch.testing.assert_close((x * 1j).cpu(), x.cpu() * 1j)
+
+
+# ---- in-place ops on base tensors ----
+
+def _inplace(x, y):
+    x.add_(y, alpha=0.5).mul_(2)  # broadcasting y, a keyword argument
+    x.clamp_(-1.0, 1.0)
+    v = x[1]  # a view sees its base's later in-place updates
+    x.sub_(0.25)
+    x[0].neg_()  # in place on a view: the Python recorder (scatter through the chain)
+    return x, v
+
+
+def test_inplace_ops_on_the_fast_path():
+    xc, yc = torch.randn(3, 4), torch.randn(4)
+    x, y = xc.clone().to(L), yc.to(L)
+    _inplace(x.clone(), y)  # first calls register and memoize
+    before = _C.fast_path_stats()[0]
+    fx, fv = _inplace(x.clone(), y)
+    assert _C.fast_path_stats()[0] - before >= 4
+    _fast(False)
+    sx, sv = _inplace(x.clone(), y)
+    assert linearize([value(fx), value(fv)]).key == linearize([value(sx), value(sv)]).key
+    ex, ev = _inplace(xc.clone(), yc)
+    for got in ((fx, fv), (sx, sv)):
+        torch.testing.assert_close(got[0].cpu(), ex)
+        torch.testing.assert_close(got[1].cpu(), ev)
+
+
+def test_inplace_errors_and_casts_stay_eagers():
+    i = torch.arange(4).to(L)
+    for _ in range(2):
+        with pytest.raises(RuntimeError):  # eager: "result type Float can't be cast"; meta words it otherwise
+            i.add_(1.5)
+    a = torch.zeros(3).to(L)
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            a.add_(torch.ones(2, 3).to(L))  # the result would not fit self's shape
+    f = torch.zeros(3, dtype=torch.float64).to(L)
+    for _ in range(2):
+        f.add_(torch.ones(3).to(L))  # a float32 result written into float64 self (Python: cast on write-back)
+    torch.testing.assert_close(f.cpu(), torch.full((3,), 2.0, dtype=torch.float64))

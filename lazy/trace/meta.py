@@ -72,13 +72,27 @@ def _untouched_batch_norm_stats(outs: tuple, args: tuple, kwargs: dict) -> tuple
     return type(outs)((outs[0], *kept))
 
 
+def _half_stats(fix: Any = None) -> Any:
+    """cpu norm kernels keep the statistics of float16/bfloat16 inputs in that dtype; meta (CUDA) makes them
+    float32. Applied after ``fix``."""
+    def rule(outs: tuple, args: tuple, kwargs: dict) -> tuple:
+        outs = fix(outs, args, kwargs) if fix else outs
+        dtype = outs[0][3]
+        if dtype not in (torch.float16, torch.bfloat16):
+            return outs
+        stats = (Out(o[:3] + (dtype,) + o[4:]) if type(o) is Out and o[3] == torch.float32 else o for o in outs[1:])
+        return type(outs)((outs[0], *stats))
+    return rule
+
+
 aten = torch.ops.aten
 CPU_RULES: Dict[Any, Any] = {
-    aten.native_batch_norm.default: _empty_batch_norm_stats(5),
+    aten.native_layer_norm.default: _half_stats(),
+    aten.native_batch_norm.default: _half_stats(_empty_batch_norm_stats(5)),
     aten.native_batch_norm.out: _untouched_batch_norm_stats,
-    aten._native_batch_norm_legit.default: _empty_batch_norm_stats(5),
-    aten._native_batch_norm_legit_functional.default: _empty_batch_norm_stats(5),
-    aten._native_batch_norm_legit_no_training.default: _empty_batch_norm_stats(None),
+    aten._native_batch_norm_legit.default: _half_stats(_empty_batch_norm_stats(5)),
+    aten._native_batch_norm_legit_functional.default: _half_stats(_empty_batch_norm_stats(5)),
+    aten._native_batch_norm_legit_no_training.default: _half_stats(_empty_batch_norm_stats(None)),
 }
 
 

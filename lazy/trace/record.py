@@ -589,13 +589,27 @@ _HANDLERS: Dict[Any, Callable[..., Any]] = {}
 
 def _handler(func: Any) -> Callable[..., Any]:
     handler = _HANDLERS[id(func)] = _choose(func)
-    desc = describe(func) if isinstance(func, torch._ops.OpOverload) else None
-    fast_functional = handler is record_functional and not desc.random
-    if fast_functional or (handler is record_view and func is not aten.as_strided.default):
-        # From now on csrc/record.cpp records the calls of func whose metadata is memoized, exactly as
-        # record_functional / record_view would (same template, memo key, signature and tensor attributes).
-        _C.register_op(func, desc, tuple(desc.kinds), dict(desc.kw_kinds), not fast_functional)
+    kind = _fast_kind(func, handler)
+    if kind is not None:
+        # From now on csrc/record.cpp records the calls of func whose metadata is memoized, exactly as the
+        # handler would (same template, memo keys, signature, tensor attributes and storage updates).
+        desc = describe(func)
+        _C.register_op(func, desc, tuple(desc.kinds), dict(desc.kw_kinds), kind, desc.functional)
     return handler
+
+
+def _fast_kind(func: Any, handler: Callable[..., Any]) -> Optional[int]:
+    """0, 1, 2 if csrc/record.cpp can record ``func`` as record_functional, record_view, record_inplace; else None."""
+    if handler is record_functional:
+        return None if describe(func).random else 0
+    if handler is record_view:
+        return None if func is aten.as_strided.default else 1
+    if handler is record_inplace:
+        d = describe(func)
+        simple = (d.functional is not None and d.mutated == [0] and not d.out_names and d.return_sources == (0,)
+                  and d.pad_args is None and not d.random)
+        return 2 if simple else None
+    return None
 
 
 def dispatch_slow(func: Any, args: tuple, kwargs: dict) -> Any:
