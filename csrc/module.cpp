@@ -1,6 +1,6 @@
 // lazy._C: the C parts of lazy (pybind11 module). Today: the recording hot path (record.cpp), the IR objects it
-// creates (ir.cpp) and the graph walk of every sync (graph.cpp). Hot entry points are plain CPython functions (METH_FASTCALL): pybind11's argument
-// conversion would cost more than the work they do.
+// creates (ir.cpp) and the graph walk of every sync (graph.cpp). Hot entry points are plain CPython functions
+// (METH_FASTCALL): pybind11's argument conversion would cost more than the work they do.
 #include <pybind11/pybind11.h>
 
 #include "graph.h"

@@ -478,7 +478,8 @@ PyObject* torch_dispatch(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
   PyObject* fargs = slots[3] != nullptr ? slots[3] : g.empty_tuple;
   PyObject* fkwargs = slots[4];
   ++g.traced;
-  if (g.enabled && PyTuple_CheckExact(fargs) && (fkwargs == nullptr || fkwargs == Py_None || PyDict_CheckExact(fkwargs))) {
+  bool plain_kwargs = fkwargs == nullptr || fkwargs == Py_None || PyDict_CheckExact(fkwargs);
+  if (g.enabled && PyTuple_CheckExact(fargs) && plain_kwargs) {
     auto it = g.ops.find(func);
     if (it != g.ops.end()) {
       PyObject* kw = fkwargs == nullptr || fkwargs == Py_None || PyDict_GET_SIZE(fkwargs) == 0 ? nullptr : fkwargs;
