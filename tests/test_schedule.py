@@ -146,3 +146,23 @@ def test_random_shapes_reductions_and_epilogues(seed):
 
     run(fn, x, y)
     assert metrics.counter("compile_fallback") == 0
+
+
+def test_expensive_shared_value_is_stored_once():
+    # gelu(tanh)'s backward feeds a transposed matmul operand and a bias-gradient reduction: recomputing its tanh
+    # in each consumer (one of them a scalar reduction loop) cost 4x storing it once (lower.recompute_cost).
+    x, g = torch.randn(64, 32), torch.randn(64, 32)
+
+    def fn(x, g):
+        d = torch.ops.aten.gelu_backward(g, x, approximate="tanh")
+        return [d.t() @ x, d.sum(0)]
+
+    kernels, externs, program = run(fn, x, g)
+    assert externs == 1
+    assert len(re.findall(r"= lz_tanh\(", program.source)) == 1  # one evaluation site, not one per consumer
+    from lazy.lower import kir
+    from lazy.lower.graph import SHARED_INLINE_LIMIT, recompute_cost
+    v = kir.var("v", 8)
+    cheap = kir.op("add", torch.float32, kir.load(kir.Buffer(0, (8,), torch.float32), [v]), kir.const(1, torch.float32))
+    assert recompute_cost(cheap) < SHARED_INLINE_LIMIT < recompute_cost(kir.op("tanh", torch.float32, kir.op(
+        "exp", torch.float32, cheap)))

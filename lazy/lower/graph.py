@@ -20,7 +20,29 @@ from .decompose import GETITEM_TARGET, ScalarRef, decompose
 from .pointwise import LOWERINGS
 from .values import SUPPORTED_DTYPES, ScalarArg, TVal, Unlowerable, from_buffer, vars_for
 
-SHARED_INLINE_LIMIT = 48  # a value used twice is recomputed in each consumer only if its expression is smaller
+SHARED_INLINE_LIMIT = 48  # a value used twice is recomputed in each consumer only if it costs less (recompute_cost)
+# NOTE: a transcendental function costs ~20 simple ops when vectorized, and a consumer may run it in a scalar loop
+# (a reduction body, a strided store): recomputing gelu's tanh in four consumers cost 4x a stored value's time.
+EXPENSIVE_OPS = {"exp", "log", "tanh", "erf", "sin", "cos", "log1p", "expm1", "sigmoid", "gelu", "gelu_tanh", "pow",
+                 "atan2", "log2", "exp2", "atan", "asin", "acos", "sinh", "cosh", "tan", "erfc", "log10"}
+EXPENSIVE_COST = 24
+
+
+def recompute_cost(root: kir.Expr) -> int:
+    """What recomputing an expression in one more consumer costs, in simple ops: transcendental functions count
+    EXPENSIVE_COST, a reduction it reads counts its reduced elements (each consumer kernel would redo it)."""
+    cost = 0
+    for e in kir.walk(root):
+        if e.op in EXPENSIVE_OPS:
+            cost += EXPENSIVE_COST
+        elif e.op == "reduce":
+            n = 1
+            for k in e.args[0].red_shape:
+                n *= k
+            cost += n
+        else:
+            cost += 1
+    return cost
 
 
 class Store:
@@ -95,7 +117,7 @@ def lower(lin: Linearized) -> Lowered:
         v = _lower_node(out, node, ins, slot)
         slot += n
         if isinstance(v, TVal) and v.buffer is None and users.get(id(node), 0) > 1:
-            if len(kir.walk(v(vars_for(v.shape, "x")))) > SHARED_INLINE_LIMIT:
+            if recompute_cost(v(vars_for(v.shape, "x"))) > SHARED_INLINE_LIMIT:
                 v = from_buffer(out.realize(v))
         vals[id(node)] = v
     for p in lin.outputs:
