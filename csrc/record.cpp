@@ -100,7 +100,12 @@ struct Collected {
   PyObject* scalars[kMaxArgs];
   PyObject* memo[kMaxArgs];
   int n_ins = 0, n_scalars = 0, n_memo = 0;
+  // The first lazy tensor argument's storage and view chain (for views and in-place ops: ``self``).
+  PyObject* first_st = nullptr;
+  PyObject* first_chain = nullptr;
   ~Collected() {
+    Py_XDECREF(first_st);
+    Py_XDECREF(first_chain);
     for (int i = 0; i < n_ins; ++i) Py_DECREF(ins[i]);
     for (int i = 0; i < n_scalars; ++i) Py_DECREF(scalars[i]);
     for (int i = 0; i < n_memo; ++i) Py_DECREF(memo[i]);
@@ -135,19 +140,26 @@ PyObject* static_int_list(PyObject* v) {
 bool add_tensor(PyObject* v, Collected& c) {
   Ref chain(PyObject_GetAttr(v, g.name_chain));
   if (!chain) return false;
-  PyObject* node;
-  if (chain.get() == Py_None) {
-    Ref st(PyObject_GetAttr(v, g.name_st));
+  Ref st;
+  if (chain.get() == Py_None || c.n_ins == 0) {  // the first tensor's storage is kept for views and in-place ops
+    st = Ref(PyObject_GetAttr(v, g.name_st));
     if (!st) return false;
-    if (Py_TYPE(st.get()) != &StorageType) {
-      PyErr_SetString(PyExc_TypeError, "lazy internal error: _lz_st is not a Storage");
+    if (Py_TYPE(st.get()) != &StorageType || (chain.get() != Py_None && !PyTuple_CheckExact(chain.get()))) {
+      PyErr_SetString(PyExc_TypeError, "lazy internal error: a lazy tensor's storage or view chain is malformed");
       return false;
     }
+  }
+  PyObject* node;
+  if (chain.get() == Py_None) {
     node = reinterpret_cast<StorageObject*>(st.get())->value;
     Py_INCREF(node);
   } else {
     node = PyObject_CallOneArg(g.view_value, v);
     if (node == nullptr) return false;
+  }
+  if (c.n_ins == 0) {
+    c.first_st = st.release();
+    c.first_chain = chain.release();
   }
   c.ins[c.n_ins++] = node;
   PyObject* desc = PyObject_GetAttr(v, g.name_desc);
@@ -272,15 +284,9 @@ PyObject* record(PyObject* func, const FastOp& op, PyObject* args, PyObject* kwa
   PyObject* self = n > 0 ? PyTuple_GET_ITEM(args, 0) : nullptr;
   if (op.kind != kFunctional && (self == nullptr || Py_TYPE(self) != g.lazy_type)) return kBail;
   if (op.kind == kView && (c.n_ins != 1 || c.n_scalars != 0)) return kBail;
-  Ref self_st;
-  if (op.kind == kInplace) {  // only a base tensor: a view's write-back scatters through its chain (Python)
-    Ref chain(PyObject_GetAttr(self, g.name_chain));
-    if (!chain) return nullptr;
-    if (chain.get() != Py_None) return kBail;
-    self_st = Ref(PyObject_GetAttr(self, g.name_st));
-    if (!self_st) return nullptr;
-    if (Py_TYPE(self_st.get()) != &StorageType) return kBail;
-  }
+  // ``self`` (args[0], a lazy tensor) was the first tensor flattened: c.first_st and c.first_chain are its own.
+  // In place, only a base tensor: a view's write-back scatters through its chain (Python).
+  if (op.kind == kInplace && c.first_chain != Py_None) return kBail;
   Ref memo(tuple_of(c.memo, c.n_memo));
   if (!memo) return nullptr;
   Ref key(PyTuple_Pack(4, op.desc, targs.get(), tkw.get(), memo.get()));
@@ -304,7 +310,7 @@ PyObject* record(PyObject* func, const FastOp& op, PyObject* args, PyObject* kwa
                      scalars.get(), shape, dtype, Py_None, Py_None, sig));
   if (!node) return nullptr;
   if (op.kind == kInplace) {  // views.write for a base: the storage takes the new value; its views re-derive
-    auto* st = reinterpret_cast<StorageObject*>(self_st.get());
+    auto* st = reinterpret_cast<StorageObject*>(c.first_st);
     Py_SETREF(st->value, node.release());
     ++st->version;
     Py_INCREF(self);
@@ -323,20 +329,13 @@ PyObject* record(PyObject* func, const FastOp& op, PyObject* args, PyObject* kwa
   }
   // A view (record.py's _view_tensor): the base's storage, the base's chain plus this step, the value cached
   // for the storage's current version.
-  Ref st(PyObject_GetAttr(self, g.name_st));
-  Ref chain(st ? PyObject_GetAttr(self, g.name_chain) : nullptr);
-  if (!chain) return nullptr;
-  if (Py_TYPE(st.get()) != &StorageType || (chain.get() != Py_None && !PyTuple_CheckExact(chain.get()))) {
-    PyErr_SetString(PyExc_TypeError, "lazy internal error: a lazy tensor's storage or view chain is malformed");
-    return nullptr;
-  }
   PyObject* step = PyTuple_GET_ITEM(entry, 3);
   Ref one(PyTuple_Pack(1, step));
-  Ref longer(!one ? nullptr : chain.get() == Py_None ? (Py_INCREF(one.get()), one.get())
-                                                     : PySequence_Concat(chain.get(), one.get()));
-  Ref version(longer ? PyLong_FromLongLong(reinterpret_cast<StorageObject*>(st.get())->version) : nullptr);
+  Ref longer(!one ? nullptr : c.first_chain == Py_None ? (Py_INCREF(one.get()), one.get())
+                                                       : PySequence_Concat(c.first_chain, one.get()));
+  Ref version(longer ? PyLong_FromLongLong(reinterpret_cast<StorageObject*>(c.first_st)->version) : nullptr);
   Ref cache(version ? PyTuple_Pack(2, version.get(), node.get()) : nullptr);
-  if (!cache || PyObject_SetAttr(t.get(), g.name_st, st.get()) != 0 ||
+  if (!cache || PyObject_SetAttr(t.get(), g.name_st, c.first_st) != 0 ||
       PyObject_SetAttr(t.get(), g.name_chain, longer.get()) != 0 ||
       PyObject_SetAttr(t.get(), g.name_cache, cache.get()) != 0) {
     return nullptr;

@@ -17,10 +17,14 @@ from ..ir.layout import contiguous_stride, storage_numel
 aten = torch.ops.aten
 
 
+def _lazy(t: Any) -> bool:
+    from ..device.tensor import LazyTensor
+    return type(t) is LazyTensor
+
+
 def _contiguous_float(t: Any) -> Optional[tuple]:
     """``t``'s (shape, stride, offset, dtype) if it is a contiguous, non-empty, floating lazy tensor."""
-    from ..device.tensor import LazyTensor
-    if type(t) is not LazyTensor:
+    if not _lazy(t):
         return None
     desc = t._lz_desc
     shape, stride, _, dtype = desc
@@ -110,11 +114,6 @@ def _view_of(t: Any, shape: tuple, stride: tuple) -> Any:
     if st.value.dtype != dtype:  # a dtype view counts its storage in other elements
         return None
     return Out((shape, stride, offset, dtype, st.numel))
-
-
-def _lazy(t: Any) -> bool:
-    from ..device.tensor import LazyTensor
-    return type(t) is LazyTensor
 
 
 def _transpose(args: tuple, kwargs: dict) -> Any:
