@@ -20,6 +20,10 @@ _ALIAS_CHECK = ("unclear error: matmul(out=) folding a 3-D input (every-sample r
                 "StorageImpl), so it copies a [25] result into the [5, 5] out: 'The size of tensor a (5) must match "
                 "the size of tensor b (25)'. Fix: lazy views sharing their base's StorageImpl (device/tensor.py)")
 
+_JITERATOR = ("unclear error: torch.cuda.jiterator kernels (in op_db on CUDA builds only) are CUDA source compiled "
+              "and launched directly, outside the dispatcher, so lazy never sees the call; CUDA raises "
+              "'CUDAGuardImpl initialized with non-CUDA DeviceType: lazy'. Fix: run them on cuda tensors")
+
 KNOWN_FAILURES: dict = {
     ("matmul", "float32"): _ALIAS_CHECK,
     ("matmul", "int64"): _ALIAS_CHECK,
@@ -31,6 +35,8 @@ KNOWN_FAILURES: dict = {
     ("to_sparse", "int64"): _SPARSE,
     ("tensor_split", "float32"): _CPU_INDICES,
     ("tensor_split", "int64"): _CPU_INDICES,
+    **{(f"jiterator_{name}", dtype): _JITERATOR for dtype in ("float32", "int64") for name in (
+        "unary", "binary", "4inputs_with_extra_args", "binary_return_by_ref", "2inputs_2outputs")},
     # tests/test_conformance_autograd.py: gradients of the first float32 sample, keyed name + ".grad"
     # (".gradgrad" for double backward).
     ("sparse.sampled_addmm.grad", "float32"): _SPARSE,

@@ -17,3 +17,12 @@ def fresh_metrics():
 def seeded():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def cpu_backing():
+    """Pin the backing device to the cpu, for tests of eager-CPU-only behaviour (a CPU-only custom op, a failed
+    index that CUDA reports as an unrecoverable device-side assert) when the suite runs with LAZY_BACKING_DEVICE=cuda."""
+    lazy.mark_step()
+    with lazy.config.override(backing_device="cpu"):
+        yield

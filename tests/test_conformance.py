@@ -39,7 +39,8 @@ TARGET_PASS_RATE = 0.97
 TOLERANCES = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.complex64: dict(rtol=1e-4, atol=1e-5)}
 
 # Ops whose values differ run to run compare only shape and dtype: OpInfo flags only uninitialized outputs
-# (has_nondeterministic_output), so the random ones are named here.
+# (has_nondeterministic_output, which torch 2.11's OpInfo lacks: UNINITIALIZED names them), so the random ones are
+# named here.
 RANDOM_OPS = frozenset((
     "bernoulli", "cauchy", "exponential", "geometric", "log_normal", "multinomial", "normal", "normal.in_place",
     "normal.number_mean", "uniform", "rand_like", "randn", "randn_like", "randint", "randint_like",
@@ -47,6 +48,10 @@ RANDOM_OPS = frozenset((
     "nn.functional.feature_alpha_dropout.with_train", "nn.functional.rrelu", "nn.functional.fractional_max_pool2d",
     "nn.functional.fractional_max_pool3d", "nn.functional.scaled_dot_product_attention",
     "nn.functional.multi_head_attention_forward", "svd_lowrank", "pca_lowrank"))
+
+
+UNINITIALIZED = frozenset(("empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided",
+                           "torch.ops.aten._flash_attention_forward", "torch.ops.aten._efficient_attention_forward"))
 
 
 def full_name(op) -> str:
@@ -58,7 +63,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def is_random(op) -> bool:
-    return op.has_nondeterministic_output or full_name(op) in RANDOM_OPS
+    return getattr(op, "has_nondeterministic_output", False) or full_name(op) in RANDOM_OPS | UNINITIALIZED
 
 
 CASES = [(op, dtype) for op in op_db for dtype in DTYPES if dtype in op.supported_dtypes("cpu")]
@@ -73,6 +78,25 @@ class LazyFailure(Exception):
 
 def _clone(v):
     return v.clone() if isinstance(v, torch.Tensor) else v
+
+
+def _oracle() -> torch.device:
+    """Where eager computes the expected values: the backing device, whose ATen semantics lazy's executor follows
+    (the cpu by default; LAZY_BACKING_DEVICE=cuda compares against eager CUDA, which lacks e.g. int64 matmul)."""
+    return torch.device(lazy.config.backing_device)
+
+
+def _to_oracle(v):
+    device = _oracle()
+    if isinstance(v, torch.Tensor):
+        return v.clone() if device.type == "cpu" else v.to(device, copy=True)
+    if device.type != "cpu" and ((isinstance(v, torch.device) and v.type == "cpu") or v == "cpu"):
+        return device
+    return v
+
+
+def _eager_sample(pristine):
+    return tree_map(_to_oracle, pristine, is_leaf=_is_leaf)
 
 
 def _to_lazy(v):
@@ -174,7 +198,7 @@ def _check_sample(op, sample, random: bool) -> bool:
     # NOTE: eager runs on clones, as lazy does: .to("lazy") copies a tensor, not the rest of its storage, which
     # as_strided.partial_views reads.
     try:
-        want = _call(op, tree_map(_clone, pristine, is_leaf=_is_leaf))
+        want = _call(op, _eager_sample(pristine))
     except Exception:  # noqa: BLE001 - eager rejects the sample: nothing to compare
         return False
     got, _ = _run_lazy(op, pristine)
@@ -188,7 +212,7 @@ def _check_inplace(op, pristine, random: bool) -> None:
     inplace = op.get_inplace()
     if inplace is None:
         return
-    eager_sample = tree_map(_clone, pristine, is_leaf=_is_leaf)
+    eager_sample = _eager_sample(pristine)
     try:
         _call(inplace, eager_sample)
     except Exception:  # noqa: BLE001 - eager rejects the in-place form (dtype, broadcast): nothing to compare
@@ -204,12 +228,12 @@ def _check_out(op, pristine, want, random: bool) -> None:
         return
 
     def with_out(inp, *args, **kwargs):
-        device = "lazy" if _on_lazy((inp, args, kwargs)) else "cpu"
+        device = "lazy" if _on_lazy((inp, args, kwargs)) else _oracle()
         out = tree_map(lambda t: torch.zeros(t.shape, dtype=t.dtype, device=device), want)
         return op(inp, *args, **kwargs, out=out)
 
     try:
-        expected = _call(with_out, tree_map(_clone, pristine, is_leaf=_is_leaf))
+        expected = _call(with_out, _eager_sample(pristine))
         # Eager's own out= must agree with its functional form (ihfft2 with one dim writes into a temporary:
         # PyTorch passes conj_physical_out its arguments swapped), or there is nothing to hold lazy to.
         _compare(expected, want, random, "eager out= against eager")

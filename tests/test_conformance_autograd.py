@@ -75,7 +75,10 @@ def _lazy_grads(op, pristine, order: int):
 
 
 def _eager_clone(v):
-    return v.detach().clone().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v
+    """A leaf copy on the oracle device (tests/test_conformance.py's _oracle: the backing device)."""
+    if isinstance(v, torch.Tensor):
+        return v.detach().to(tc._oracle(), copy=True).requires_grad_(v.requires_grad)
+    return tc._to_oracle(v)
 
 
 @pytest.mark.filterwarnings("ignore")

@@ -57,7 +57,7 @@ COMPILER = os.environ.get("LAZY_CONFORMANCE_COMPILER", "cpp")
 
 @pytest.fixture(autouse=True, scope="module")
 def cpp_backend():
-    with lazy.config.override(compiler=COMPILER):
+    with lazy.config.override(compiler=COMPILER, backing_device="cpu"):  # the cpp backend compiles for the cpu
         yield
 
 

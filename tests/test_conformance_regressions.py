@@ -5,6 +5,7 @@ import torch
 import lazy
 
 aten = torch.ops.aten
+pytestmark = pytest.mark.usefixtures("cpu_backing")  # regressions against eager CPU's own semantics
 
 
 def same(fn, *tensors):

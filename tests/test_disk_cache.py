@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def run_child(cache_dir):
-    env = dict(os.environ, LAZY_COMPILER="cpp", LAZY_CACHE_DIR=str(cache_dir))
+    env = dict(os.environ, LAZY_COMPILER="cpp", LAZY_BACKING_DEVICE="cpu", LAZY_CACHE_DIR=str(cache_dir))
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -42,7 +42,7 @@ def test_second_process_compiles_nothing_and_corrupt_entries_are_rebuilt(tmp_pat
     so = next(p for p in cache.iterdir() if p.suffix == ".so")
     so.write_bytes(so.read_bytes()[:100])  # truncated library
     code = SCRIPT.replace('"compile_fallback")}', '"compile_fallback", "disk_cache.corrupt")}')
-    env = dict(os.environ, LAZY_COMPILER="cpp", LAZY_CACHE_DIR=str(cache))
+    env = dict(os.environ, LAZY_COMPILER="cpp", LAZY_BACKING_DEVICE="cpu", LAZY_CACHE_DIR=str(cache))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     third = json.loads(out.stdout.strip().splitlines()[-1])
     assert third["disk_cache.corrupt"] == 1 and third["cpp.compiles"] == 1 and third["sum"] == first["sum"]

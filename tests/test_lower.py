@@ -5,12 +5,14 @@ import torch
 import torch.nn.functional as F
 
 import lazy
+from lazy.cache import graph_cache
 from lazy.debug import metrics
 
 
 @pytest.fixture(autouse=True, scope="module")
 def cpp_backend(tmp_path_factory):
-    with lazy.config.override(compiler="cpp", cache_dir=str(tmp_path_factory.mktemp("lazy-cache"))):
+    cache = str(tmp_path_factory.mktemp("lazy-cache"))
+    with lazy.config.override(compiler="cpp", backing_device="cpu", cache_dir=cache):
         yield
 
 
@@ -170,6 +172,26 @@ def test_conformance_regressions():
                            torch.fmin(x, y), x.clamp(min=n), x.clamp(min=y), x.clamp(max=y), x.clamp(2, 1),
                            x.to(torch.uint8), (x * 100).to(torch.uint8), i * 4, -i, i.abs(),
                            i.to(torch.int32) + 2 ** 30, i.to(torch.int8) * 3], x, y, i)
+
+
+@pytest.mark.parametrize("wins", [True, False])
+def test_clamp_nan_number_bound_follows_the_running_torch(monkeypatch, tmp_path, wins):
+    """torch 2.13's clamp(min=nan) is all NaN; torch 2.11's returns the input (clamp_min and tensor bounds give NaN
+    on both). The lowering follows a probe of the running torch; both answers are checked here."""
+    from lazy.lower import pointwise
+    monkeypatch.setattr(pointwise, "_SCALAR_NAN_BOUND_WINS", wins)
+    monkeypatch.setattr(lazy.config, "cache_dir", str(tmp_path))  # the disk key has torch's version, not the probe
+    graph_cache.clear()
+    n = float("nan")
+    x = torch.tensor([1.0, n, 3.0, -2.5])
+    lz = x.to("lazy")
+    got = [t.cpu() for t in (lz.clamp(min=n), lz.clamp(max=n), lz.clamp(min=0.0, max=n), torch.clamp_min(lz, n),
+                             lz.clamp(min=torch.tensor(n).to("lazy")))]
+    ignored = torch.tensor([1.0, n, 3.0, 0.0])
+    want = [torch.full((4,), n)] * 3 if wins else [x, x, ignored]
+    for g, w in zip(got, want + [torch.full((4,), n)] * 2):
+        torch.testing.assert_close(g, w, equal_nan=True)
+    assert metrics.counter("compile_fallback") == 0
 
 
 def test_decompositions_branching_on_a_runtime_scalar_are_not_baked():

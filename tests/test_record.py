@@ -40,6 +40,7 @@ def _cpu_only(x: torch.Tensor) -> torch.Tensor:
     return x * 3
 
 
+@pytest.mark.usefixtures("cpu_backing")
 def test_unrecordable_op_falls_back_counted_and_warned_once():
     x = torch.arange(4.0).to(L)
     with warnings.catch_warnings(record=True) as caught:

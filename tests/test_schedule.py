@@ -12,7 +12,8 @@ from lazy.debug import metrics
 
 @pytest.fixture(autouse=True, scope="module")
 def cpp_backend(tmp_path_factory):
-    with lazy.config.override(compiler="cpp", cache_dir=str(tmp_path_factory.mktemp("lazy-cache"))):
+    cache = str(tmp_path_factory.mktemp("lazy-cache"))
+    with lazy.config.override(compiler="cpp", backing_device="cpu", cache_dir=cache):
         yield
 
 

@@ -143,6 +143,7 @@ def test_print_tolist_save_of_expanded_tensor():
     assert x.cpu().is_contiguous()
 
 
+@pytest.mark.usefixtures("cpu_backing")
 def test_failed_graph_does_not_poison_later_steps():
     good = torch.ones(3, device=L) * 2
     idx = torch.tensor([5]).to(L)  # out of range: only found when the graph runs

@@ -96,7 +96,7 @@ def _cpp_parity(kind, opt_name, tmp_path):
     bound instead: each step moves a parameter by at most ~lr, so they agree within lr * steps."""
     want_losses, want_state = train(kind, opt_name, EAGER, CPP_STEPS, eval_every=CPP_EVAL_EVERY)
     graph_cache.clear()  # graphs compiled by earlier tests (under LAZY_COMPILER=cpp) would leave nothing to compile
-    with lazy.config.override(compiler="cpp", cache_dir=str(tmp_path)):
+    with lazy.config.override(compiler="cpp", backing_device="cpu", cache_dir=str(tmp_path)):
         got_losses, got_state = train(kind, opt_name, L, CPP_STEPS, eval_every=CPP_EVAL_EVERY)
     assert metrics.counter("compile_fallback") == 0 and metrics.counter("kernels_compiled") > 0
     free = GRADIENT_FREE.get(kind, {}) if opt_name == "adamw" else {}

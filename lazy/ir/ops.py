@@ -96,6 +96,7 @@ def seeded(op: Any) -> Op:
         # NOTE: only the generator the op draws from is seeded and restored: torch.manual_seed + fork_rng would
         # also queue a CUDA seeding call (with a captured traceback) on every run, ~300 us on a cpu-only build.
         if device.type == "cuda":
+            torch.cuda.init()  # default_generators is empty until CUDA is initialized
             gen = torch.cuda.default_generators[device.index if device.index is not None else
                                                 torch.cuda.current_device()]
         else:

@@ -170,6 +170,16 @@ def _masked_fill(args: list, kwargs: dict, meta: tuple) -> TVal:
                      out, None, args[0], args[1], args[2])
 
 
+def _nan_bound_wins() -> bool:
+    """Whether eager's aten.clamp with a NaN *number* bound returns NaN: torch 2.13 does, torch 2.11 returns the
+    input unchanged (clamp_min/clamp_max and tensor bounds propagate NaN on both)."""
+    x = torch.ones(17)
+    return bool(torch.clamp(x, min=float("nan")).isnan().all() and torch.clamp(x, max=float("nan")).isnan().all())
+
+
+_SCALAR_NAN_BOUND_WINS = _nan_bound_wins()
+
+
 def _clamp_of(kind: str) -> Callable[..., TVal]:
     def lower(args: list, kwargs: dict, meta: tuple) -> TVal:
         out = meta[1]
@@ -182,13 +192,18 @@ def _clamp_of(kind: str) -> Callable[..., TVal]:
         else:
             lo, hi = (args[1], None) if kind == "clamp_min" else (None, args[1])
         xs = [args[0]] + [b for b in (lo, hi) if b is not None]
+        # NOTE: whether a NaN number bound of aten.clamp wins follows the running torch (_SCALAR_NAN_BOUND_WINS)
+        nan_number_loses = kind == "clamp" and not _SCALAR_NAN_BOUND_WINS
 
         def fn(x: kir.Expr, *bs: kir.Expr) -> kir.Expr:
             it = iter(bs)
-            if lo is not None:
-                x = kir.op("clamp_min", out, x, next(it))
-            if hi is not None:
-                x = kir.op("clamp_max", out, x, next(it))
+            for bound, op in ((lo, "clamp_min"), (hi, "clamp_max")):
+                if bound is not None:
+                    b = next(it)
+                    clamped = kir.op(op, out, x, b)
+                    if nan_number_loses and not isinstance(bound, TVal):
+                        clamped = kir.op("where", out, kir.op("ne", torch.bool, b, b), x, clamped)
+                    x = clamped
             return x
         return pointwise(fn, out, out, *xs)
     return lower
