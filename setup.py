@@ -1,18 +1,40 @@
 """Build and install lazy.
 
-``lazy._C`` (csrc/, pybind11) holds the C parts: the recording hot path and the IR objects it creates. It uses
-only the CPython and pybind11 headers, never torch's, so it builds in seconds and against any torch. torch is a
-requirement, never a build requirement (see pyproject.toml).
+``lazy._C`` (csrc/, pybind11) holds the C parts: the recording hot path and the IR objects it creates. Only
+csrc/alias.cpp sees torch's C++ headers, and only c10's TensorImpl (views share their base's StorageImpl), so the
+extension is built against the installed torch: ``pip install --no-build-isolation -e .`` (torch is a
+requirement, never a build requirement: pip's isolated build environment would pull a second, CUDA torch).
 """
+import pybind11
 from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import find_packages, setup
 
+
+def _torch_flags() -> dict:
+    """Include and link flags for c10, from the torch this build runs beside."""
+    try:
+        import torch
+        from torch.utils.cpp_extension import include_paths, library_paths
+    except ImportError as e:
+        raise SystemExit("lazy: building lazy._C needs torch: pip install torch==2.13.0 first, then "
+                         "pip install --no-build-isolation -e . (so the build sees that torch)") from e
+    return dict(
+        # pybind11's own headers first: torch's include directory holds an older pybind11 of its own
+        include_dirs=[pybind11.get_include(), include_paths()[0]],
+        library_dirs=library_paths()[:1],
+        libraries=["c10"],
+        extra_link_args=[f"-Wl,-rpath,{library_paths()[0]}"],  # loadable before torch is imported
+        define_macros=[("_GLIBCXX_USE_CXX11_ABI", str(int(torch._C._GLIBCXX_USE_CXX11_ABI)))],
+    )
+
+
 ext = Pybind11Extension(
     "lazy._C",
-    sources=["csrc/module.cpp", "csrc/ir.cpp", "csrc/record.cpp", "csrc/graph.cpp"],
-    depends=["csrc/ir.h", "csrc/record.h", "csrc/graph.h"],
-    cxx_std=17,
+    sources=["csrc/module.cpp", "csrc/ir.cpp", "csrc/record.cpp", "csrc/graph.cpp", "csrc/alias.cpp"],
+    depends=["csrc/ir.h", "csrc/record.h", "csrc/graph.h", "csrc/alias.h"],
+    cxx_std=20,  # torch 2.13's headers need C++20 (bit-field initializers)
     extra_compile_args=["-O2"],
+    **_torch_flags(),
 )
 
 setup(

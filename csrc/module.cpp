@@ -1,8 +1,10 @@
 // lazy._C: the C parts of lazy (pybind11 module). Today: the recording hot path (record.cpp), the IR objects it
-// creates (ir.cpp) and the graph walk of every sync (graph.cpp). Hot entry points are plain CPython functions
-// (METH_FASTCALL): pybind11's argument conversion would cost more than the work they do.
+// creates (ir.cpp), the graph walk of every sync (graph.cpp) and views' storage sharing (alias.cpp). Hot entry
+// points are plain CPython functions (METH_FASTCALL): pybind11's argument conversion would cost more than the work
+// they do.
 #include <pybind11/pybind11.h>
 
+#include "alias.h"
 #include "graph.h"
 #include "ir.h"
 #include "record.h"
@@ -43,6 +45,10 @@ PyMethodDef methods[] = {
     {"fast_path_stats", lazy::fast_path_stats, METH_NOARGS, "(hits, misses) of the fast path."},
     {"linearize", lazy::linearize, METH_O,
      "linearize(roots) -> (order, positions, outputs, key, leaves, scalars): see lazy/ir/graph.py."},
+    {"share_storage", FASTCALL(lazy::share_storage_py), METH_FASTCALL,
+     "share_storage(view, base): the view's TensorImpl takes the base's C++ StorageImpl."},
+    {"probe_layout", FASTCALL(lazy::probe_layout), METH_FASTCALL,
+     "probe_layout(*tensors): read TensorImpl addresses directly if that agrees with tensor._cdata."},
     {"live_storages", live_storages, METH_NOARGS, "Every live Storage, oldest first."},
     {"signatures", signatures, METH_NOARGS, "The table of interned node signatures."},
     {nullptr, nullptr, 0, nullptr},

@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "alias.h"
 #include "ir.h"
 
 namespace lazy {
@@ -337,7 +338,7 @@ PyObject* record(PyObject* func, const FastOp& op, PyObject* args, PyObject* kwa
   Ref cache(version ? PyTuple_Pack(2, version.get(), node.get()) : nullptr);
   if (!cache || PyObject_SetAttr(t.get(), g.name_st, c.first_st) != 0 ||
       PyObject_SetAttr(t.get(), g.name_chain, longer.get()) != 0 ||
-      PyObject_SetAttr(t.get(), g.name_cache, cache.get()) != 0) {
+      PyObject_SetAttr(t.get(), g.name_cache, cache.get()) != 0 || share_storage(t.get(), self) != 0) {
     return nullptr;
   }
   return t.release();

@@ -15,18 +15,11 @@ _RESIZING_INPLACE = ("clear error: in-place addbmm_ on a self smaller than the r
                      "resizes self, the meta kernel refuses as for any in-place op (\"output with shape [1] doesn't "
                      "match the broadcast shape [5, 10]\"), as torch.compile does")
 
-_ALIAS_CHECK = ("unclear error: matmul(out=) folding a 3-D input (every-sample run) asks out.reshape(...)"
-                ".is_alias_of(out), which is false for lazy views (they share a lazy Storage, not the wrapper's C++ "
-                "StorageImpl), so it copies a [25] result into the [5, 5] out: 'The size of tensor a (5) must match "
-                "the size of tensor b (25)'. Fix: lazy views sharing their base's StorageImpl (device/tensor.py)")
-
 _JITERATOR = ("unclear error: torch.cuda.jiterator kernels (in op_db on CUDA builds only) are CUDA source compiled "
               "and launched directly, outside the dispatcher, so lazy never sees the call; CUDA raises "
               "'CUDAGuardImpl initialized with non-CUDA DeviceType: lazy'. Fix: run them on cuda tensors")
 
 KNOWN_FAILURES: dict = {
-    ("matmul", "float32"): _ALIAS_CHECK,
-    ("matmul", "int64"): _ALIAS_CHECK,
     ("addbmm", "float32"): _RESIZING_INPLACE,
     ("addbmm", "int64"): _RESIZING_INPLACE,
     ("sparse.sampled_addmm", "float32"): _SPARSE,

@@ -211,7 +211,9 @@ def _view_tensor(out: Out, base: LazyTensor, step: "views.ViewStep", reset: bool
     st = base._lz_st
     prev = st.value if reset else _value(base)
     chain = (step,) if reset else (base._lz_chain or ()) + (step,)
-    return wrap(out[:4], st, chain, (st.version, step.apply(prev)))
+    view = wrap(out[:4], st, chain, (st.version, step.apply(prev)))
+    _C.share_storage(view, base)
+    return view
 
 
 def _arg(desc: OpDesc, args: tuple, kwargs: dict, i: int) -> Any:
@@ -311,7 +313,10 @@ def record_resize(func: Any, args: tuple, kwargs: dict) -> Any:
     if out[4] > st.numel:
         st = _grown(st, out[4])
     step = views.as_strided_step(out[:4], st)
-    _set_metadata(self, wrap(out[:4], st, (step,), (st.version, step.apply(st.value))))
+    resized = wrap(out[:4], st, (step,), (st.version, step.apply(st.value)))
+    if st is self._lz_st:
+        _C.share_storage(resized, self)  # a grown storage is a new one, with a StorageImpl of its own
+    _set_metadata(self, resized)
     return self
 
 
@@ -634,6 +639,10 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
 
 _C.configure(LazyTensor, Out, torch.dtype, torch.Tensor._make_wrapper_subclass, LAZY_DEVICE, torch.strided,
              TENSOR, SCALAR_MARKERS, MEMO, dispatch_slow, _value, views.ViewStep)
+# Views share their base's C++ StorageImpl (csrc/alias.cpp), reading TensorImpl addresses straight from tensor
+# objects where this probe finds that agrees with tensor._cdata.
+_C.probe_layout(torch.empty(0), torch.Tensor._make_wrapper_subclass(LazyTensor, (2,), (1,), 0, None, torch.float32,
+                                                                    torch.strided, LAZY_DEVICE))
 # x + y, x * 2.0, ...: the ATen call the dispatcher would deliver (self first), and torch's own method for calls
 # that autograd, a mode, autocast or functorch must see (csrc/record.cpp, "Operators").
 _C.install_operators(

@@ -1,0 +1,81 @@
+// The one translation unit that sees torch's C++ headers, and only c10's TensorImpl: a lazy view's wrapper tensor
+// is created with a StorageImpl of its own (torch.Tensor._make_wrapper_subclass has no storage argument), so
+// ATen's aliasing tests (is_alias_of, untyped_storage() identity) would call a view and its base unrelated. matmul
+// with out= on a 3-D input relies on one: it reshapes out, writes the product into that view and copies back only
+// if the view is not an alias of out. Lazy's own Storage (ir.cpp) is what carries values; this only keeps the C++
+// storage identity in step with it.
+#include "alias.h"
+
+#include <c10/core/TensorImpl.h>
+
+#include <exception>
+
+namespace lazy {
+
+namespace {
+
+// Whether a tensor object's TensorImpl* is the first word after its PyObject header (THPVariable's ``at::Tensor
+// cdata`` in torch 2.13; older torches held a MaybeOwned there). probe_layout() checks it against _cdata.
+bool g_direct = false;
+PyTypeObject* g_tensor_type = nullptr;  // torch.Tensor, from probe_layout's first argument
+
+c10::TensorImpl* raw_impl(PyObject* tensor) {
+  return *reinterpret_cast<c10::TensorImpl**>(reinterpret_cast<char*>(tensor) + sizeof(PyObject));
+}
+
+// The TensorImpl behind a tensor. torch.Tensor._cdata is its address: reading it costs ~0.5 us on a subclass, so
+// the struct is read directly where probe_layout() found that to give the same address. (Both avoid torch's
+// Python headers, which bring their own pybind11.)
+c10::TensorImpl* impl_of(PyObject* tensor) {
+  if (g_direct) return raw_impl(tensor);
+  PyObject* address = PyObject_GetAttrString(tensor, "_cdata");
+  if (address == nullptr) return nullptr;
+  void* impl = PyLong_AsVoidPtr(address);
+  Py_DECREF(address);
+  if (impl == nullptr && !PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "lazy: a tensor without TensorImpl");
+  return static_cast<c10::TensorImpl*>(impl);
+}
+
+}  // namespace
+
+PyObject* probe_layout(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  g_direct = false;
+  bool direct = nargs > 0;
+  for (Py_ssize_t i = 0; i < nargs; ++i) {
+    c10::TensorImpl* slow = impl_of(args[i]);
+    if (slow == nullptr) return nullptr;
+    direct = direct && raw_impl(args[i]) == slow;
+  }
+  g_direct = direct;
+  if (nargs > 0) g_tensor_type = Py_TYPE(args[0]);
+  return PyBool_FromLong(direct);
+}
+
+int share_storage(PyObject* view, PyObject* base) {
+  c10::TensorImpl* v = impl_of(view);
+  c10::TensorImpl* b = v == nullptr ? nullptr : impl_of(base);
+  if (b == nullptr) return -1;
+  try {
+    v->set_storage_keep_dtype(b->storage());
+  } catch (const std::exception& e) {
+    PyErr_Format(PyExc_RuntimeError, "lazy: could not share a view's storage with its base: %s", e.what());
+    return -1;
+  }
+  return 0;
+}
+
+PyObject* share_storage_py(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "share_storage(view, base)");
+    return nullptr;
+  }
+  if (g_tensor_type == nullptr || !PyObject_TypeCheck(args[0], g_tensor_type) ||
+      !PyObject_TypeCheck(args[1], g_tensor_type)) {
+    PyErr_SetString(PyExc_TypeError, "share_storage(view, base) takes two tensors, after probe_layout(tensor, ...)");
+    return nullptr;
+  }
+  if (share_storage(args[0], args[1]) != 0) return nullptr;
+  Py_RETURN_NONE;
+}
+
+}  // namespace lazy

@@ -1,0 +1,20 @@
+// Lazy views share their base's C++ StorageImpl (alias.cpp), so ATen's own aliasing checks see what eager sees.
+#pragma once
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+namespace lazy {
+
+// Make the TensorImpl of ``view`` (a LazyTensor just created) use the StorageImpl of ``base``'s. Returns 0, or -1
+// with a Python error set.
+int share_storage(PyObject* view, PyObject* base);
+
+// probe_layout(*tensors): read TensorImpl addresses straight from tensor objects from now on if that gives
+// tensor._cdata for every one of them; returns whether it does.
+PyObject* probe_layout(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+
+// share_storage(view, base) for Python (record.py's slow path).
+PyObject* share_storage_py(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+
+}  // namespace lazy
