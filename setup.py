@@ -23,7 +23,6 @@ def _torch_flags() -> dict:
         include_dirs=[pybind11.get_include(), include_paths()[0]],
         library_dirs=library_paths()[:1],
         libraries=["c10"],
-        extra_link_args=[f"-Wl,-rpath,{library_paths()[0]}"],  # loadable before torch is imported
         define_macros=[("_GLIBCXX_USE_CXX11_ABI", str(int(torch._C._GLIBCXX_USE_CXX11_ABI)))],
     )
 

@@ -6,6 +6,8 @@ a miss, and run it on the backing device.
 """
 from __future__ import annotations
 
+import torch  # noqa: F401 -- first: lazy._C links torch's libc10, which torch's import loads (setup.py)
+
 from .config import config
 from .debug import metrics
 from .debug.explain import explain
