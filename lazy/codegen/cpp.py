@@ -28,14 +28,14 @@ CTYPES: Dict[torch.dtype, str] = {
 
 PRELUDE = "#include <cstdint>\n#include <limits>\n" + cpp_math.CMATH_SHIM + cpp_math.SOURCE + r"""
 static int lz_err = 0;
-template <typename T> static inline T lz_idiv_trunc(T a, T b) { if (b == 0) { lz_err = 1; return 0; } return a / b; }
+template <typename T> static inline T lz_idiv_trunc(T a, T b) { if (b == 0) { lz_err |= 1; return 0; } return a / b; }
 template <typename T> static inline T lz_idiv_floor(T a, T b) {
-  if (b == 0) { lz_err = 1; return 0; }
+  if (b == 0) { lz_err |= 1; return 0; }
   T q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1; return q; }
 template <typename T> static inline T lz_imod_floor(T a, T b) {
-  if (b == 0) { lz_err = 1; return 0; }
+  if (b == 0) { lz_err |= 1; return 0; }
   T r = a % b; if (r != 0 && ((r < 0) != (b < 0))) r += b; return r; }
-template <typename T> static inline T lz_imod_trunc(T a, T b) { if (b == 0) { lz_err = 1; return 0; } return a % b; }
+template <typename T> static inline T lz_imod_trunc(T a, T b) { if (b == 0) { lz_err |= 1; return 0; } return a % b; }
 template <typename T> static inline T lz_fmod_floor(T a, T b) {
   T r = std::fmod(a, b); if (r != 0 && ((b < 0) != (r < 0))) r += b; return r; }
 template <typename T> static inline T lz_fdiv_floor(T a, T b) {
@@ -45,6 +45,12 @@ template <typename T> static inline T lz_fdiv_floor(T a, T b) {
   T fl;
   if (div != 0) { fl = std::floor(div); if (div - fl > T(0.5)) fl += T(1); } else { fl = std::copysign(T(0), a / b); }
   return fl; }
+// Note [Indexed loads] (lower/indexing.py): an index out of range loads element 0 and sets error bit 2
+static inline int64_t lz_index_checked(int64_t i, int64_t n, int64_t wrap) {
+  if (wrap && i < 0) i += n;
+  if (i < 0 || i >= n) { lz_err |= 2; return 0; }
+  return i; }
+static inline int64_t lz_index_clamp(int64_t i, int64_t hi) { return i < 0 ? 0 : (i > hi ? hi : i); }
 template <typename T> static inline T lz_max(T a, T b) { return (a != a || a > b) ? a : b; }
 template <typename T> static inline T lz_min(T a, T b) { return (a != a || a < b) ? a : b; }
 template <typename T> static inline T lz_lerp(T a, T b, T w) {
@@ -103,6 +109,7 @@ TEMPLATES: Dict[str, Callable[..., str]] = {
     "and": _f("({0} && {1})"), "or": _f("({0} || {1})"), "not": _f("(!{0})"),
     "where": _f("({0} ? {1} : {2})"),
     "cast": _f("static_cast<{T}>({0})"),
+    "index_checked": _f("lz_index_checked({0}, {1}, {2})"), "index_clamp": _f("lz_index_clamp({0}, {1})"),
     "iadd": _f("({0} + {1})"), "imul": _f("({0} * {1})"), "ifloordiv": _f("({0} / {1})"), "imod": _f("({0} % {1})"),
 }
 for _name in ("exp", "log", "tanh", "sqrt", "sin", "cos", "erf", "log1p", "expm1", "log2", "exp2", "floor", "ceil",

@@ -1,8 +1,8 @@
 """Lowering of a linearized graph: every node becomes loop-level kernel IR or an extern ATen call.
 
-``lower(lin)`` walks the nodes in order. A node with a lowering (pointwise.py, structure.py) becomes a lazy
-``TVal``; a composite op is decomposed with torch._decomp (decompose.py) and its core ops lowered the same way;
-everything else (matmul, conv, sort, indexing, random and internal lazy ops, unsupported dtypes) becomes an
+``lower(lin)`` walks the nodes in order. A node with a lowering (pointwise.py, structure.py, indexing.py) becomes a
+lazy ``TVal``; a composite op is decomposed with torch._decomp (decompose.py) and its core ops lowered the same way;
+everything else (matmul, conv, sort, masks, index_put, random and internal lazy ops, unsupported dtypes) becomes an
 ``Extern`` step whose inputs are realized into buffers and whose outputs are buffers later kernels load from.
 No node leaves the graph: each is lowered, decomposed or extern. Values are realized (stored) only where they
 must be: graph outputs, extern inputs, and shared values too big to recompute.
@@ -15,7 +15,7 @@ import torch
 
 from ..ir.graph import Linearized
 from ..ir.node import DATA, DEVICE, GENERATOR, GETITEM, SCALAR_MARKERS, TENSOR, Node, _Marker
-from . import kir, structure, values  # noqa: F401 -- structure registers its lowerings
+from . import indexing, kir, structure, values  # noqa: F401 -- structure and indexing register their lowerings
 from .decompose import GETITEM_TARGET, ScalarRef, decompose
 from .pointwise import LOWERINGS
 from .values import SUPPORTED_DTYPES, ScalarArg, TVal, Unlowerable, from_buffer, vars_for

@@ -213,6 +213,8 @@ def bounds(e: Expr) -> Tuple[int, int]:
         return e.args[0], e.args[0]
     if e.op == "var":
         return 0, max(e.args[1] - 1, 0)
+    if e.op in ("index_checked", "index_clamp"):  # lowering/indexing.py: within [0, n - 1] / [0, hi]
+        return 0, max(e.args[1].args[0] - (e.op == "index_checked"), 0)
     terms, c = _linear(e)
     if len(terms) == 1 and c == 0 and terms.get(e) == 1:
         if e.op == "imod":

@@ -231,7 +231,7 @@ class Program:
                     else:
                         err = fn(ptrs, fs, is_)
                     if err:
-                        raise ZeroDivisionError("lazy: integer division by zero in a compiled kernel")
+                        _raise_kernel_error(err)
                     launched += count
                 else:
                     _, label, fn, args, kwargs, plan, ins, slots, outs, frees = step
@@ -347,6 +347,20 @@ class _Timer:
         total = sum(self.times.values())
         lines = [f"  {t * 1e6:9.1f} us  {label}" for label, t in sorted(self.times.items(), key=lambda x: -x[1])]
         log(3, f"cpp run: {total * 1e3:.3f} ms in kernels and externs\n" + "\n".join(lines))
+
+
+class KernelIndexError(RuntimeError, IndexError):
+    """An index out of range met by a compiled kernel; eager raises RuntimeError (gather, scatter) or IndexError
+    (indexing, index_select, embedding) for it, so this is both."""
+
+
+def _raise_kernel_error(err: int) -> None:
+    """The error bits a kernel returned (codegen/cpp.py's lz_err)."""
+    if err & 2:
+        raise KernelIndexError("lazy: index out of range in a compiled kernel (gather, indexing, index_select, "
+                               "embedding or scatter): some index is >= the size of the dimension it indexes, or "
+                               "< -size; eager raises on the same input")
+    raise ZeroDivisionError("lazy: integer division by zero in a compiled kernel")
 
 
 def compile_cpp(lin: Linearized, device: torch.device) -> Any:

@@ -1,0 +1,213 @@
+"""Lowering table, indexing part: gather-style loads, concatenation and constant padding as index maps.
+
+Note [Indexed loads]
+gather, index (advanced indexing with integer index tensors), index_select, embedding, a scatter that writes one
+slot per row, cat and constant_pad_nd move no data either: each output element loads one input element at an
+index computed from the output index and, for the gather family, from an element of an index tensor.
+- Eager raises on an index out of range; a kernel cannot. ``checked`` wraps a negative index where eager does
+  (advanced indexing) and, for one out of range, loads element 0 and sets the kernel's error code, which the
+  runtime raises as eager's error once the kernel returns (runtime/cpp.py).
+- A load in a branch that is not taken (cat's other inputs, a pad's border) uses a clamped index, so no load
+  leaves its buffer, whatever the renderer evaluates eagerly.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+
+from . import kir
+from .pointwise import register
+from .structure import ZERO
+from .values import ScalarArg, TVal, Unlowerable, broadcast_shapes, check_dtype, norm_dim, operand
+
+_INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+def checked(i: kir.Expr, n: int, wrap: bool = False) -> kir.Expr:
+    """Index expression ``i`` (any integer dtype) as eager reads it on a dimension of size ``n``: in [0, n), or,
+    with ``wrap`` (advanced indexing only; gather, index_select, embedding and scatter refuse), in [-n, n)."""
+    return kir.op("index_checked", kir.INDEX, kir.cast(i, kir.INDEX), kir.const(n, kir.INDEX),
+                  kir.const(int(wrap), kir.INDEX))
+
+
+def clamped(i: kir.Expr, n: int) -> kir.Expr:
+    """``i`` clamped to [0, n - 1]: in bounds for a load whose value is discarded when ``i`` is outside."""
+    return kir.op("index_clamp", kir.INDEX, i, kir.const(n - 1, kir.INDEX))
+
+
+def _index_tensor(t: object) -> TVal:
+    if not isinstance(t, TVal) or t.dtype not in _INDEX_DTYPES:
+        raise Unlowerable(f"index of {getattr(t, 'dtype', type(t).__name__)} (masks stay extern)")
+    return t
+
+
+def _source(x: object) -> TVal:
+    if not isinstance(x, TVal) or not x.shape or 0 in x.shape:
+        raise Unlowerable("indexing a 0-dim or empty tensor")
+    check_dtype(x.dtype)
+    return x
+
+
+@register("aten.gather")
+def _gather(args: list, kwargs: dict, meta: tuple) -> TVal:
+    x, index = _source(args[0]), _index_tensor(args[2])
+    dim = norm_dim(args[1], len(x.shape))
+    if len(index.shape) != len(x.shape):
+        raise Unlowerable("gather with an index of another rank")
+    n = x.shape[dim]
+    return TVal(meta[0], x.dtype, lambda idx: x([checked(index(idx), n) if d == dim else e
+                                                  for d, e in enumerate(idx)]))
+
+
+@register("aten.index_select")
+def _index_select(args: list, kwargs: dict, meta: tuple) -> TVal:
+    x, index = _source(args[0]), _index_tensor(args[2])
+    dim = norm_dim(args[1], len(x.shape))
+    if len(index.shape) > 1:
+        raise Unlowerable("index_select with a multi-dimensional index")
+    n = x.shape[dim]
+    at = (lambda idx: index([idx[dim]])) if index.shape else (lambda idx: index([]))
+    return TVal(meta[0], x.dtype, lambda idx: x([checked(at(idx), n) if d == dim else e
+                                                  for d, e in enumerate(idx)]))
+
+
+@register("aten.embedding")
+def _embedding(args: list, kwargs: dict, meta: tuple) -> TVal:
+    weight, index = _source(args[0]), _index_tensor(args[1])
+    if len(weight.shape) != 2:
+        raise Unlowerable("embedding of a weight that is not 2-D")
+    nb = len(index.shape)
+    n = weight.shape[0]
+    return TVal(meta[0], weight.dtype, lambda idx: weight([checked(index(idx[:nb]), n), idx[nb]]))
+
+
+@register("aten.index")
+def _index(args: list, kwargs: dict, meta: tuple) -> TVal:
+    """x[i0, :, i2] with integer index tensors: broadcast together; their dims go where the first one was if
+    the indexed dims are adjacent, else first (numpy's rule, as eager)."""
+    x, indices = _source(args[0]), list(args[1])
+    indices += [None] * (len(x.shape) - len(indices))
+    picked = [d for d, t in enumerate(indices) if t is not None]
+    if not picked or len(indices) > len(x.shape):
+        raise Unlowerable("index without index tensors")
+    tensors = {d: _index_tensor(indices[d]) for d in picked}
+    bshape = broadcast_shapes(*[t.shape for t in tensors.values()])
+    loaders = {d: operand(t, bshape) for d, t in tensors.items()}
+    rest = [d for d in range(len(x.shape)) if d not in tensors]
+    adjacent = picked == list(range(picked[0], picked[-1] + 1))
+    at = picked[0] if adjacent else 0  # where the broadcast index dims sit in the output
+    nb = len(bshape)
+
+    def fn(idx: Sequence[kir.Expr]) -> kir.Expr:
+        bidx = list(idx[at:at + nb])
+        others = list(idx[:at]) + list(idx[at + nb:])
+        src: List[Optional[kir.Expr]] = [None] * len(x.shape)
+        for d in picked:
+            src[d] = checked(loaders[d](bidx), x.shape[d], wrap=True)
+        for d, e in zip(rest, others):
+            src[d] = e
+        return x(src)
+
+    return TVal(meta[0], x.dtype, fn)
+
+
+@register("aten.scatter")
+def _scatter(args: list, kwargs: dict, meta: tuple) -> TVal:
+    """scatter(self, dim, index, src or value) where the index picks one slot per row (index.size(dim) == 1 and
+    every other dim is self's): out = (position == index) ? src : self. Wider scatters stay extern (their
+    duplicate writes have no order here)."""
+    x, index = _source(args[0]), _index_tensor(args[2])
+    src = args[3] if len(args) > 3 else kwargs.get("value", kwargs.get("src"))
+    dim = norm_dim(args[1], len(x.shape))
+    if "reduce" in kwargs or len(args) > 4:
+        raise Unlowerable("scatter with reduce=")
+    if len(index.shape) != len(x.shape) or any(n != (1 if d == dim else x.shape[d])
+                                               for d, n in enumerate(index.shape)):
+        raise Unlowerable("scatter of more than one slot per row")
+    if isinstance(src, TVal):
+        if len(src.shape) != len(x.shape) or any(m < n for m, n in zip(src.shape, index.shape)):
+            raise Unlowerable("scatter src smaller than its index")
+        value = lambda idx: src(idx)  # noqa: E731
+    elif isinstance(src, (ScalarArg, bool, int, float)):
+        value = operand(src, ())
+    else:
+        raise Unlowerable(f"scatter of {type(src).__name__}")
+    n = x.shape[dim]
+
+    def fn(idx: Sequence[kir.Expr]) -> kir.Expr:
+        row = [ZERO if d == dim else e for d, e in enumerate(idx)]
+        hit = kir.op("eq", torch.bool, checked(index(row), n), idx[dim])
+        return kir.op("where", x.dtype, hit, kir.cast(value(row), x.dtype), x(idx))
+
+    return TVal(meta[0], x.dtype, fn)
+
+
+@register("aten.cat")
+def _cat(args: list, kwargs: dict, meta: tuple) -> TVal:
+    shape, out = tuple(meta[0]), meta[1]
+    check_dtype(out)
+    dim = norm_dim(args[1] if len(args) > 1 else kwargs.get("dim", 0), len(shape))
+    parts = []
+    for t in args[0]:
+        if not isinstance(t, TVal):
+            raise Unlowerable("cat of a non-tensor")
+        if t.shape == (0,) and len(shape) != 1:
+            continue  # eager's legacy rule: 1-D empty tensors are skipped
+        if t.shape[dim]:
+            parts.append(t)
+    if not parts or 0 in shape:
+        return TVal(shape, out, lambda idx: kir.const(0, out))
+    starts = [0]
+    for t in parts:
+        starts.append(starts[-1] + t.shape[dim])
+
+    def load(k: int, idx: Sequence[kir.Expr]) -> kir.Expr:
+        t = parts[k]
+        i = kir.iadd(idx[dim], kir.const(-starts[k], kir.INDEX))
+        i = i if len(parts) == 1 else clamped(i, t.shape[dim])
+        return kir.cast(t([i if d == dim else e for d, e in enumerate(idx)]), out)
+
+    def fn(idx: Sequence[kir.Expr]) -> kir.Expr:
+        e = load(len(parts) - 1, idx)
+        for k in range(len(parts) - 2, -1, -1):
+            e = kir.op("where", out, kir.op("lt", torch.bool, idx[dim], kir.const(starts[k + 1], kir.INDEX)),
+                       load(k, idx), e)
+        return e
+
+    return TVal(shape, out, fn)
+
+
+@register("aten.constant_pad_nd")
+def _constant_pad_nd(args: list, kwargs: dict, meta: tuple) -> TVal:
+    x = args[0]
+    if not isinstance(x, TVal):
+        raise Unlowerable("pad of a non-tensor")
+    check_dtype(x.dtype)
+    pad = list(args[1])
+    value = args[2] if len(args) > 2 else kwargs.get("value", 0)
+    shape = tuple(meta[0])
+    if 0 in x.shape or 0 in shape:
+        fill = operand(value, ())
+        return TVal(shape, x.dtype, lambda idx: kir.cast(fill(()), x.dtype))
+    nd = len(x.shape)
+    lows = {nd - 1 - k: pad[2 * k] for k in range(len(pad) // 2)}  # pairs from the last dim backwards
+    fill = operand(value, ())
+
+    def fn(idx: Sequence[kir.Expr]) -> kir.Expr:
+        src, inside = list(idx), None
+        for d, lo in lows.items():
+            j = kir.iadd(idx[d], kir.const(-lo, kir.INDEX))
+            lo_b, hi_b = kir.bounds(j)
+            if lo_b >= 0 and hi_b < x.shape[d]:
+                src[d] = j  # cropped, or padded on no side this output reaches
+                continue
+            ok = kir.op("and", torch.bool, kir.op("ge", torch.bool, j, ZERO),
+                        kir.op("lt", torch.bool, j, kir.const(x.shape[d], kir.INDEX)))
+            inside = ok if inside is None else kir.op("and", torch.bool, inside, ok)
+            src[d] = clamped(j, x.shape[d])
+        if inside is None:
+            return x(src)
+        return kir.op("where", x.dtype, inside, x(src), kir.cast(fill(()), x.dtype))
+
+    return TVal(shape, x.dtype, fn)

@@ -1,0 +1,113 @@
+"""Indexed loads under the cpp compiler (lazy/lower/indexing.py, Note [Indexed loads]): gather, advanced
+indexing, index_select, embedding, one-slot scatter, cat and constant padding lower to index maps (no extern
+call), agree with eager on ordinary, edge (0-size, 1-element), non-contiguous and broadcast inputs, and raise
+where eager raises on an index out of range."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lazy
+from lazy.cache import graph_cache
+from lazy.debug import metrics
+
+
+@pytest.fixture(autouse=True, scope="module")
+def cpp_backend(tmp_path_factory):
+    cache = str(tmp_path_factory.mktemp("lazy-cache"))
+    with lazy.config.override(compiler="cpp", backing_device="cpu", cache_dir=cache):
+        yield
+
+
+def externs() -> dict:
+    return {k: v for k, v in metrics.counters().items() if k.startswith("extern.")}
+
+
+def check(fn, *inputs, allowed_externs=()):
+    """``fn`` on eager inputs and lazy copies in one graph: equal results, one compile, no fallback, and no
+    extern call but those named."""
+    want = fn(*inputs)
+    want = want if isinstance(want, (list, tuple)) else [want]
+    graph_cache.clear()
+    metrics.reset()
+    got = fn(*[x.to("lazy") for x in inputs])
+    got = got if isinstance(got, (list, tuple)) else [got]
+    lazy.mark_step()
+    got = [g.cpu() for g in got]
+    assert metrics.counter("compile_fallback") == 0 and metrics.counter("compiles") == 1
+    assert set(externs()) <= {f"extern.{e}" for e in allowed_externs}, externs()
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g, w)
+
+
+def test_gather_index_select_and_advanced_indexing():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 5, generator=g)
+    i = torch.randint(0, 5, (4, 3), generator=g)
+    j = torch.randint(0, 4, (6,), generator=g)
+    neg = torch.tensor([-1, 0, -4, 3])  # advanced indexing wraps negative indices
+    rows, cols = torch.tensor([[0], [3]]), torch.tensor([4, 0, 2])  # broadcast against each other
+    check(lambda x, i, j, neg, rows, cols: [
+        torch.gather(x, 1, i) * 2, torch.gather(x.t(), 0, i.t()[:, :3]), x.index_select(0, j) + 1,
+        x.index_select(1, j[:2].to(torch.int32)), x[neg], x[:, neg], x[rows, cols], x.t()[cols, 1:],
+        x.unsqueeze(1)[neg[:3], :, cols], x[neg[1:2]]], x, i, j, neg, rows, cols)
+
+
+def test_embedding_and_cross_entropy_lower_without_externs():
+    g = torch.Generator().manual_seed(1)
+    w, ids = torch.randn(10, 3, generator=g), torch.randint(0, 10, (2, 4), generator=g)
+    logits, target = torch.randn(4, 5, generator=g), torch.randint(0, 5, (4,), generator=g)
+    check(lambda w, ids: F.embedding(ids, w) * 3, w, ids)
+
+    def ce_and_grad(x, t):
+        x = x.detach().requires_grad_()
+        loss = F.cross_entropy(x, t)
+        (grad,) = torch.autograd.grad(loss, x)
+        return [loss, grad]
+    check(ce_and_grad, logits, target)
+
+
+def test_scatter_of_one_slot_per_row():
+    g = torch.Generator().manual_seed(2)
+    x, t = torch.randn(4, 5, generator=g), torch.randint(0, 5, (4, 1), generator=g)
+    src = torch.randn(4, 2, generator=g)
+    check(lambda x, t, src: [x.scatter(1, t, 1.5), x.scatter(1, t, src), x.t().scatter(0, t.t(), -2.0)], x, t, src)
+    wide = torch.randint(0, 5, (4, 2), generator=g)  # two slots per row: stays an extern call
+    check(lambda x, wide: x.scatter(1, wide, 1.5), x, wide, allowed_externs=("aten.scatter.value",))
+
+
+def test_cat_and_constant_pad():
+    g = torch.Generator().manual_seed(3)
+    a, b, c = torch.randn(4, 5, generator=g), torch.randn(4, 2, generator=g), torch.randn(3, 5, generator=g)
+    empty, i = torch.randn(0), torch.arange(4)
+    check(lambda a, b, c, empty, i: [
+        torch.cat([a, b * 2, a], 1).exp(), torch.cat([a, c], 0) + 1, torch.cat([a.t(), c.t()], 1),
+        torch.cat([a, empty, c]), torch.cat([a[:, :0], b], 1), torch.cat([i, i.double()]) * 2,
+        F.pad(a, (1, 2, 0, 3), value=0.5) * 2, F.pad(a, (-1, 2)), F.pad(a.t(), (0, 0, 2, -1)), F.pad(i, (1, 1), value=7),
+        F.pad(a, (0, 0)), F.pad(a[:0], (1, 1))], a, b, c, empty, i)
+
+
+def test_one_element_and_empty_index():
+    x, one, none = torch.randn(3, 1), torch.tensor([2]), torch.zeros(0, dtype=torch.long)
+    check(lambda x, one, none: [x[one], x.index_select(0, none), torch.gather(x, 0, one[:, None]), x[none] + 1],
+          x, one, none)
+
+
+@pytest.mark.parametrize("make", [
+    lambda x, i: torch.gather(x, 0, i), lambda x, i: x.index_select(0, i), lambda x, i: x[i],
+    lambda x, i: F.embedding(i, x[:, None]), lambda x, i: x[:, None].scatter(0, i[:, None], 1.0)])
+def test_index_out_of_range_raises_like_eager(make):
+    x = torch.randn(3)
+    for bad in (torch.tensor([3]), torch.tensor([-4])):
+        with pytest.raises((RuntimeError, IndexError)):
+            make(x, bad)
+        y = make(x.to("lazy"), bad.to("lazy")) * 2
+        with pytest.raises((RuntimeError, IndexError)):
+            y.cpu()
+        assert metrics.counter("compile_fallback") == 0  # the compiled kernel raised, not a reference fallback
+    try:
+        want = make(x, torch.tensor([-1]))
+    except (RuntimeError, IndexError):  # gather, index_select, embedding and scatter refuse negative indices
+        want = None
+    if want is not None:
+        torch.testing.assert_close(make(x.to("lazy"), torch.tensor([-1]).to("lazy")).cpu(), want)
