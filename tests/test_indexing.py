@@ -83,7 +83,8 @@ def test_cat_and_constant_pad():
     check(lambda a, b, c, empty, i: [
         torch.cat([a, b * 2, a], 1).exp(), torch.cat([a, c], 0) + 1, torch.cat([a.t(), c.t()], 1),
         torch.cat([a, empty, c]), torch.cat([a[:, :0], b], 1), torch.cat([i, i.double()]) * 2,
-        F.pad(a, (1, 2, 0, 3), value=0.5) * 2, F.pad(a, (-1, 2)), F.pad(a.t(), (0, 0, 2, -1)), F.pad(i, (1, 1), value=7),
+        F.pad(a, (1, 2, 0, 3), value=0.5) * 2, F.pad(a, (-1, 2)), F.pad(a.t(), (0, 0, 2, -1)),
+        F.pad(i, (1, 1), value=7),
         F.pad(a, (0, 0)), F.pad(a[:0], (1, 1))], a, b, c, empty, i)
 
 
