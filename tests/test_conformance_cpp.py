@@ -81,10 +81,20 @@ def _cause(message: str) -> str:
     return text.split(";", 1)[0].split("\n", 1)[0][:160]
 
 
+# Where the compiled kernel is the more accurate one: eager's float16/bfloat16 logit kernel rounds 1 - x to half
+# before dividing; the kernel computes the decomposition in float32 and rounds once (Note [Half precision]). Over
+# 2000 uniform inputs its error against float64 is the smaller (float16: 1.9e-3 vs eager's 2.2e-3; bfloat16: 1.5e-2
+# vs 1.7e-2), one output ulp apart from eager's: compared to one ulp of the format.
+PRECISION = {("logit", torch.float16): dict(rtol=2e-3, atol=4e-3), ("logit", torch.bfloat16): dict(rtol=1.6e-2,
+                                                                                                  atol=3.2e-2)}
+
+
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("op,dtype", CASES)
-def test_op_cpp(op, dtype):
+def test_op_cpp(op, dtype, monkeypatch):
     key = (tc.full_name(op), tc.dtype_name(dtype))
+    if (tc.full_name(op), dtype) in PRECISION:
+        monkeypatch.setitem(tc.TOLERANCES, dtype, PRECISION[tc.full_name(op), dtype])
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

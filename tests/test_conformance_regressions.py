@@ -176,3 +176,41 @@ def test_norm_statistics_of_half_inputs_keep_their_dtype_on_cpu(dtype):
         for e, g in zip(expected, got):
             assert g.dtype == e.dtype and g.shape == e.shape
             torch.testing.assert_close(g.cpu(), e)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("param_dtype", ["input", torch.float32, None])
+def test_norm_statistics_take_the_parameters_dtype_on_cpu(dtype, param_dtype):
+    """Mixed precision (a half input, float32 weight and running stats, as CPU autocast leaves a BatchNorm): cpu
+    kernels give the statistics the parameters' dtype; without parameters, the input's."""
+    x = torch.randn(2, 3, 4, dtype=dtype)
+    pd = dtype if param_dtype == "input" else param_dtype
+
+    def params(n):
+        if pd is None:
+            return None, None, None, None
+        return torch.randn(n, dtype=pd), torch.randn(n, dtype=pd), torch.zeros(n, dtype=pd), torch.ones(n, dtype=pd)
+
+    def lz(t):
+        return None if t is None else t.clone().to("lazy")
+
+    w, b, rm, rv = params(3)
+    calls = [lambda x, w, b, rm, rv: torch.ops.aten._batch_norm_with_update(x, w, b, rm, rv, 0.1, 1e-5),
+             lambda x, w, b, rm, rv: torch.ops.aten._batch_norm_with_update_functional(x, w, b, rm, rv, 0.1, 1e-5),
+             lambda x, w, b, rm, rv: torch.ops.aten.native_batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5)]
+    if pd is None:
+        calls = calls[2:]  # the _batch_norm_with_update ops require running stats
+    else:
+        calls.append(lambda x, w, b, rm, rv: torch.ops.aten._batch_norm_no_update(x, w, b, rm, rv, 0.1, 1e-5))
+    for call in calls:
+        expected = call(x, *[None if t is None else t.clone() for t in (w, b, rm, rv)])
+        got = call(x.to("lazy"), lz(w), lz(b), lz(rm), lz(rv))
+        for e, g in zip(expected, got):
+            assert g.dtype == e.dtype and g.shape == e.shape
+            torch.testing.assert_close(g.cpu(), e)
+    lw = None if pd is None else torch.randn(4, dtype=pd)
+    expected = torch.ops.aten.native_layer_norm(x, [4], lw, lw, 1e-5)
+    got = torch.ops.aten.native_layer_norm(x.to("lazy"), [4], lz(lw), lz(lw), 1e-5)
+    for e, g in zip(expected, got):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        torch.testing.assert_close(g.cpu(), e)

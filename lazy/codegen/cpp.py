@@ -24,7 +24,22 @@ LIMITS = Limits(max_buffers=64, parallel_threshold=1 << 15)
 CTYPES: Dict[torch.dtype, str] = {
     torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
     torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+    torch.float16: "float", torch.bfloat16: "float",  # Note [Half precision]
 }
+
+# Note [Half precision]
+# float16 and bfloat16 values are computed as float (as eager's CPU kernels do: opmath) and rounded to their
+# format after every op and cast, so a fused chain rounds as eager's op-by-op run does.
+# Casts of constants and runtime scalars are not rounded (eager combines them with half tensors in float). In
+# memory they are _Float16 (IEEE binary16; g++ converts with F16C where the CPU has it) and the upper 16 bits of a
+# float for bfloat16 (converted by bit arithmetic, rounding to nearest even, NaN -> 0x7FC0 as c10 does).
+STORAGE: Dict[torch.dtype, str] = {torch.float16: "_Float16", torch.bfloat16: "uint16_t"}
+_LOAD = {torch.float16: "static_cast<float>({0})", torch.bfloat16: "lz_bf16_to_float({0})"}
+_STORE = {torch.float16: "static_cast<_Float16>({0})", torch.bfloat16: "lz_float_to_bf16({0})"}
+_ROUND = {torch.float16: "lz_round_f16({0})", torch.bfloat16: "lz_round_bf16({0})"}
+# ops whose result is one of their half-precision operands (or its negation): no rounding needed
+_EXACT_IN_HALF = frozenset({"where", "maximum", "minimum", "fmax", "fmin", "clamp_min", "clamp_max", "neg", "abs",
+                            "relu"})
 
 PRELUDE = "#include <cstdint>\n#include <limits>\n" + cpp_math.CMATH_SHIM + cpp_math.SOURCE + r"""
 static int lz_err = 0;
@@ -45,6 +60,13 @@ template <typename T> static inline T lz_fdiv_floor(T a, T b) {
   T fl;
   if (div != 0) { fl = std::floor(div); if (div - fl > T(0.5)) fl += T(1); } else { fl = std::copysign(T(0), a / b); }
   return fl; }
+// Note [Half precision]
+static inline float lz_bf16_to_float(uint16_t h) { const uint32_t u = (uint32_t)h << 16; float f;
+  __builtin_memcpy(&f, &u, 4); return f; }
+static inline uint16_t lz_float_to_bf16(float f) { uint32_t u; __builtin_memcpy(&u, &f, 4);
+  const uint32_t r = u + 0x7FFFu + ((u >> 16) & 1u); return f != f ? (uint16_t)0x7FC0 : (uint16_t)(r >> 16); }
+static inline float lz_round_bf16(float f) { return lz_bf16_to_float(lz_float_to_bf16(f)); }
+static inline float lz_round_f16(float f) { return static_cast<float>(static_cast<_Float16>(f)); }
 // Note [Indexed loads] (lower/indexing.py): an index out of range loads element 0 and sets error bit 2
 static inline int64_t lz_index_checked(int64_t i, int64_t n, int64_t wrap) {
   if (wrap && i < 0) i += n;
@@ -143,6 +165,11 @@ def ctype(dtype: torch.dtype) -> str:
         raise UnsupportedByRenderer(f"dtype {dtype} has no C++ type in this renderer") from None
 
 
+def storage_ctype(dtype: torch.dtype) -> str:
+    """The C++ type of a buffer's elements (the value type, but for Note [Half precision])."""
+    return STORAGE.get(dtype) or ctype(dtype)
+
+
 def _const(value, dtype: torch.dtype) -> str:
     t = ctype(dtype)
     if dtype.is_floating_point:
@@ -187,12 +214,21 @@ class _Scope:
             t = ctype(e.dtype)
             if e.op == "load":
                 text = f"b{e.args[0].id}[{self.names[e.args[1]]}]"
+                if e.dtype in _LOAD:
+                    text = _LOAD[e.dtype].format(text)
+            elif e.op == "cast" and e.dtype in _ROUND:
+                source = e.args[0]
+                text = f"static_cast<float>({self.names[source]})"
+                if source.op not in ("const", "scalar"):  # Note [Half precision]
+                    text = _ROUND[e.dtype].format(text)
             else:
                 table = BOOL_TEMPLATES if e.dtype is torch.bool and e.op in BOOL_TEMPLATES else TEMPLATES
                 fn = table.get(e.op)
                 if fn is None:
                     raise UnsupportedByRenderer(f"kernel-IR op {e.op!r} has no C++ template")
                 text = fn(t, *[self.names[a] for a in e.args if type(a) is Expr])
+                if e.dtype in _ROUND and e.op not in _EXACT_IN_HALF:  # each op's result in its format, as eager
+                    text = _ROUND[e.dtype].format(text)
             name = f"t{self.counter[0]}"
             self.counter[0] += 1
             self.lines.append(f"{self.indent}const {t} {name} = {text};")
@@ -207,7 +243,7 @@ def _loop(var_name: str, extent: int, indent: str) -> str:
 def render_kernel(k: Kernel) -> str:
     lines: List[str] = [f"static void lz_{k.name}(void** P, const double* F, const int64_t* I) {{"]
     for b in k.buffers():
-        t = ctype(b.dtype)
+        t = storage_ctype(b.dtype)
         lines.append(f"  {t}* __restrict b{b.id} = ({t}*)P[{b.id}];")
     lines.append("  (void)F; (void)I;")
     var_names: Dict[Expr, str] = {}
@@ -244,7 +280,9 @@ def render_kernel(k: Kernel) -> str:
             ind = ind[:-2]
             lines.append(ind + "}")
         name = f"red{n}"
-        lines.append(f"{indent}const {ctype(s.red.dtype)} {name} = static_cast<{ctype(s.red.dtype)}>({acc});")
+        value = f"static_cast<{ctype(s.red.dtype)}>({acc})"
+        value = _ROUND[s.red.dtype].format(value) if s.red.dtype in _ROUND else value
+        lines.append(f"{indent}const {ctype(s.red.dtype)} {name} = {value};")
         scope.names[s.ref] = name
     for i, v in enumerate(k.inner):
         if i == 0 and not k.outer and k.parallel:
@@ -257,6 +295,7 @@ def render_kernel(k: Kernel) -> str:
     scope = scope.child(indent)
     for buf, idx, e in k.stores:
         val = scope.emit(e)
+        val = _STORE[buf.dtype].format(val) if buf.dtype in _STORE else val
         lines.append(f"{indent}b{buf.id}[{scope.emit(idx)}] = {val};")
     for _ in range(depth):
         indent = indent[:-2]

@@ -173,16 +173,21 @@ def _lower_node(out: Lowered, node: Node, ins: List[Any], slot: int) -> Any:
         fn = LOWERINGS.get(_key(node.op))
         if fn is not None:
             try:
-                it, slots = iter(ins), iter(range(slot, slot + len(node.scalars)))
+                # NOTE: a float16/bfloat16 op computes in float32 and rounds once, as eager's kernels (opmath) do:
+                # addcmul, lerp or gelu lowered in half would round between their parts
+                half = _has_half(node)
+                it, slots = iter(_upcast(ins) if half else ins), iter(range(slot, slot + len(node.scalars)))
                 args = _fill(node.args, it, slots)
                 kwargs = {k: _fill(v, it, slots) for k, v in node.kwargs}
-                return fn(args, kwargs, _meta(node))
+                return _as_recorded(fn(args, kwargs, _opmath(_meta(node)) if half else _meta(node)), node)
             except Exception:  # noqa: BLE001 -- an overload the table does not cover runs as an extern call
                 pass
         dec = decompose(node)
         if dec is not None:
             try:
-                return _lower_decomposed(out, dec, ins, slot)
+                upcast = _has_half(node) and all(step[0] is GETITEM_TARGET or _key(step[0]) in LOWERINGS
+                                                 for step in dec.steps)
+                return _as_recorded(_lower_decomposed(out, dec, ins, slot, upcast), node)
             except Unlowerable:
                 pass
     return _extern(out, node.op, node.args, node.kwargs, ins, list(range(slot, slot + len(node.scalars))),
@@ -201,8 +206,49 @@ def _extern(out: Lowered, fn: Any, args: tuple, kwargs: tuple, ins: List[Any], s
     return vals if multi else vals[0]
 
 
-def _lower_decomposed(out: Lowered, dec: Any, ins: List[Any], slot: int) -> Any:
+def _as_recorded(result: Any, node: Node) -> Any:
+    """``result`` with the dtypes the recorder gave the node where a decomposition (written against the meta
+    kernels) disagrees: eager CPU keeps float16/bfloat16 norm statistics in the input's dtype (trace/meta.py)."""
+    def fix(v: Any, meta: Any) -> Any:
+        if not isinstance(v, TVal) or meta is None or v.dtype is meta[1] or tuple(v.shape) != tuple(meta[0]):
+            return v
+        return TVal(v.shape, meta[1], lambda idx: kir.cast(v(idx), meta[1]))
+    if node.shape is not None:
+        return fix(result, (node.shape, node.dtype))
+    if isinstance(result, (list, tuple)) and node.metas is not None and len(result) == len(node.metas):
+        return type(result)(fix(v, m) for v, m in zip(result, node.metas))
+    return result
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _has_half(node: Node) -> bool:
+    return node.dtype in _HALF if node.shape is not None else any(m is not None and m[1] in _HALF
+                                                                  for m in node.metas or ())
+
+
+def _upcast(ins: List[Any]) -> List[Any]:
+    return [TVal(v.shape, torch.float32, lambda idx, v=v: kir.cast(v(idx), torch.float32))
+            if isinstance(v, TVal) and v.dtype in _HALF else v for v in ins]
+
+
+def _opmath(meta: Any) -> Any:
+    """``meta`` ((shape, dtype), or a tuple of them) with float16/bfloat16 computed as float32."""
+    if meta is None:
+        return None
+    if len(meta) == 2 and isinstance(meta[1], torch.dtype):
+        return (meta[0], torch.float32) if meta[1] in _HALF else meta
+    return tuple(_opmath(m) for m in meta)
+
+
+def _lower_decomposed(out: Lowered, dec: Any, ins: List[Any], slot: int, upcast: bool = False) -> Any:
+    """The decomposition's steps, each lowered (or extern). With ``upcast`` (a float16/bfloat16 node whose steps all
+    have lowerings), they compute in float32, rounded once at the end (_as_recorded), as eager's kernels for
+    composite ops (softmax, norms, losses) do; decompositions with extern steps (index_put's accumulation) keep
+    the node's dtype, so the extern rounds as eager's kernel does."""
     vals: List[Any] = []
+    ins = _upcast(ins) if upcast else ins
 
     def conv(x: Any) -> Any:
         if type(x) is tuple and len(x) == 2 and x[0] in ("in", "val") and type(x[1]) is int:
@@ -216,6 +262,7 @@ def _lower_decomposed(out: Lowered, dec: Any, ins: List[Any], slot: int) -> Any:
         return x
 
     for target, args, kwargs, meta, multi in dec.steps:
+        meta = _opmath(meta) if upcast else meta
         a = conv(args)
         kw = {k: conv(v) for k, v in kwargs.items()}
         if target is GETITEM_TARGET:

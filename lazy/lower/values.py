@@ -22,8 +22,8 @@ class Unlowerable(Exception):
     """This op (with these arguments/dtypes) has no lowering: it becomes an extern ATen call."""
 
 
-SUPPORTED_DTYPES = frozenset({torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
-                              torch.uint8, torch.bool})
+SUPPORTED_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+                              torch.int16, torch.int8, torch.uint8, torch.bool})
 
 
 class TVal:

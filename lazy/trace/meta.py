@@ -73,13 +73,15 @@ def _untouched_batch_norm_stats(outs: tuple, args: tuple, kwargs: dict) -> tuple
 
 
 def _half_stats(fix: Any = None) -> Any:
-    """cpu norm kernels keep the statistics of float16/bfloat16 inputs in that dtype; meta (CUDA) makes them
-    float32. Applied after ``fix``."""
+    """cpu norm kernels give the statistics (and running stats) of a float16/bfloat16 input the dtype of the
+    parameters (weight, else bias, running mean or var: eager refuses a mix), or the input's if there are none;
+    meta (CUDA) makes them float32. Applied after ``fix``."""
     def rule(outs: tuple, args: tuple, kwargs: dict) -> tuple:
         outs = fix(outs, args, kwargs) if fix else outs
-        dtype = outs[0][3]
-        if dtype not in (torch.float16, torch.bfloat16):
+        if outs[0][3] not in (torch.float16, torch.bfloat16):
             return outs
+        param = next((a for a in (*args[1:], *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        dtype = outs[0][3] if param is None else param.dtype
         stats = (Out(o[:3] + (dtype,) + o[4:]) if type(o) is Out and o[3] == torch.float32 else o for o in outs[1:])
         return type(outs)((outs[0], *stats))
     return rule
@@ -93,6 +95,9 @@ CPU_RULES: Dict[Any, Any] = {
     aten._native_batch_norm_legit.default: _half_stats(_empty_batch_norm_stats(5)),
     aten._native_batch_norm_legit_functional.default: _half_stats(_empty_batch_norm_stats(5)),
     aten._native_batch_norm_legit_no_training.default: _half_stats(_empty_batch_norm_stats(None)),
+    aten._batch_norm_with_update.default: _half_stats(),
+    aten._batch_norm_with_update_functional.default: _half_stats(),
+    aten._batch_norm_no_update.default: _half_stats(_empty_batch_norm_stats(None)),
 }
 
 
