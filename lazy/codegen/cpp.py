@@ -28,8 +28,9 @@ CTYPES: Dict[torch.dtype, str] = {
 }
 
 # Note [Half precision]
-# float16 and bfloat16 values are computed as float (as eager's CPU kernels do: opmath) and rounded to their
-# format after every op and cast, so a fused chain rounds as eager's op-by-op run does.
+# float16 and bfloat16 values are computed as float (as eager's CPU kernels do: opmath). Lowering computes each
+# half-precision node in float32 and casts its result back (lower/graph.py), so a fused chain rounds once per op,
+# as eager's op-by-op run does; any expression still typed half here is rounded to its format too.
 # Casts of constants and runtime scalars are not rounded (eager combines them with half tensors in float). In
 # memory they are _Float16 (IEEE binary16; g++ converts with F16C where the CPU has it) and the upper 16 bits of a
 # float for bfloat16 (converted by bit arithmetic, rounding to nearest even, NaN -> 0x7FC0 as c10 does).
