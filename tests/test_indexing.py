@@ -88,6 +88,23 @@ def test_cat_and_constant_pad():
         F.pad(a, (0, 0)), F.pad(a[:0], (1, 1))], a, b, c, empty, i)
 
 
+def test_slice_and_select_scatter():
+    """The backward of slicing and selecting writes into zeros: slice_scatter / select_scatter as index maps."""
+    g = torch.Generator().manual_seed(4)
+    x, s, r = torch.randn(6, 5, generator=g), torch.randn(6, 2, generator=g), torch.randn(5, generator=g)
+    check(lambda x, s, r: [torch.slice_scatter(x, s, 1, 1, 3) * 2, torch.slice_scatter(x, s.t()[:, :5], 0, -2),
+                           torch.slice_scatter(x.t(), s.t(), 0, 3, 5), torch.select_scatter(x, r, 0, -1),
+                           torch.select_scatter(x, s[:, 0], 1, 2), torch.slice_scatter(x, s[:, :0], 1, 2, 2)],
+          x, s, r)
+    x = torch.randn(4, 3, generator=g).requires_grad_()
+
+    def grads(x):
+        x = x.detach().requires_grad_()
+        (x[1:3, 1:] * 2 + x[0, :2] * 3).sum().backward()
+        return x.grad
+    check(grads, x.detach())
+
+
 def test_one_element_and_empty_index():
     x, one, none = torch.randn(3, 1), torch.tensor([2]), torch.zeros(0, dtype=torch.long)
     check(lambda x, one, none: [x[one], x.index_select(0, none), torch.gather(x, 0, one[:, None]), x[none] + 1],

@@ -1,8 +1,8 @@
-"""Lowering table, indexing part: gather-style loads, concatenation and constant padding as index maps.
+"""Lowering table, indexing part: gather-style loads, concatenation, padding and scatters into slices as index maps.
 
 Note [Indexed loads]
 gather, index (advanced indexing with integer index tensors), index_select, embedding, a scatter that writes one
-slot per row, cat and constant_pad_nd move no data either: each output element loads one input element at an
+slot per row, slice_scatter, select_scatter, cat and constant_pad_nd move no data either (arange is here too): each output element loads one input element at an
 index computed from the output index and, for the gather family, from an element of an index tensor.
 - Eager raises on an index out of range; a kernel cannot. ``checked`` wraps a negative index where eager does
   (advanced indexing) and, for one out of range, loads element 0 and sets the kernel's error code, which the
@@ -211,3 +211,66 @@ def _constant_pad_nd(args: list, kwargs: dict, meta: tuple) -> TVal:
         return kir.op("where", x.dtype, inside, x(src), kir.cast(fill(()), x.dtype))
 
     return TVal(shape, x.dtype, fn)
+
+
+@register("aten.slice_scatter")
+def _slice_scatter(args: list, kwargs: dict, meta: tuple) -> TVal:
+    """self with self[..., start:start + n, ...] = src (step 1; the backward of slicing): out = inside ? src : self."""
+    x, src = _source(args[0]), args[1]
+    dim = norm_dim(args[2] if len(args) > 2 else kwargs.get("dim", 0), len(x.shape))
+    start = args[3] if len(args) > 3 else kwargs.get("start")
+    step = args[5] if len(args) > 5 else kwargs.get("step", 1)
+    if not isinstance(src, TVal) or step != 1 or not (start is None or isinstance(start, int)):
+        raise Unlowerable("slice_scatter with a step or runtime bounds")
+    size = x.shape[dim]
+    start = 0 if start is None else (start + size if start < 0 else start)
+    start = min(max(start, 0), size)
+    n = src.shape[dim]
+    if n == 0:
+        return x
+
+    def fn(idx: Sequence[kir.Expr]) -> kir.Expr:
+        j = kir.iadd(idx[dim], kir.const(-start, kir.INDEX))
+        inside = kir.op("and", torch.bool, kir.op("ge", torch.bool, j, ZERO),
+                        kir.op("lt", torch.bool, j, kir.const(n, kir.INDEX)))
+        value = kir.cast(src([clamped(j, n) if d == dim else e for d, e in enumerate(idx)]), x.dtype)
+        return kir.op("where", x.dtype, inside, value, x(idx))
+
+    return TVal(meta[0], x.dtype, fn)
+
+
+@register("aten.select_scatter")
+def _select_scatter(args: list, kwargs: dict, meta: tuple) -> TVal:
+    """self with self.select(dim, index) = src: out = (position == index) ? src : self."""
+    x, src = _source(args[0]), args[1]
+    dim = norm_dim(args[2], len(x.shape))
+    index = args[3]
+    if not isinstance(src, TVal) or not isinstance(index, int):
+        raise Unlowerable("select_scatter with a runtime index")
+    index = index + x.shape[dim] if index < 0 else index
+    at = kir.const(index, kir.INDEX)
+
+    def fn(idx: Sequence[kir.Expr]) -> kir.Expr:
+        hit = kir.op("eq", torch.bool, idx[dim], at)
+        value = kir.cast(src([e for d, e in enumerate(idx) if d != dim]), x.dtype)
+        return kir.op("where", x.dtype, hit, value, x(idx))
+
+    return TVal(meta[0], x.dtype, fn)
+
+
+@register("aten.arange")
+def _arange(args: list, kwargs: dict, meta: tuple) -> TVal:
+    """start + i * step, computed as eager's kernel does (in double for floating results, int64 for integers)."""
+    shape, out = tuple(meta[0]), meta[1]
+    check_dtype(out)
+    if len(shape) != 1 or len(args) not in (1, 2, 3):
+        raise Unlowerable("arange of an unexpected form")
+    start, step = (0, 1) if len(args) == 1 else (args[0], args[2] if len(args) == 3 else 1)
+    acc = torch.float64 if out.is_floating_point else torch.int64
+    first, stride = operand(start, ()), operand(step, ())
+
+    def fn(idx: Sequence[kir.Expr]) -> kir.Expr:
+        offset = kir.op("mul", acc, kir.cast(idx[0], acc), kir.cast(stride(()), acc))
+        return kir.cast(kir.op("add", acc, kir.cast(first(()), acc), offset), out)
+
+    return TVal(shape, out, fn)
