@@ -2,8 +2,9 @@
 
 Note [Indexed loads]
 gather, index (advanced indexing with integer index tensors), index_select, embedding, a scatter that writes one
-slot per row, slice_scatter, select_scatter, cat and constant_pad_nd move no data either (arange is here too): each output element loads one input element at an
-index computed from the output index and, for the gather family, from an element of an index tensor.
+slot per row, slice_scatter, select_scatter, cat and constant_pad_nd move no data either (arange is here too):
+each output element loads one input element at an index computed from the output index and, for the gather
+family, from an element of an index tensor.
 - Eager raises on an index out of range; a kernel cannot. ``checked`` wraps a negative index where eager does
   (advanced indexing) and, for one out of range, loads element 0 and sets the kernel's error code, which the
   runtime raises as eager's error once the kernel returns (runtime/cpp.py).
