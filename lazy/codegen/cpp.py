@@ -67,7 +67,9 @@ static inline float lz_bf16_to_float(uint16_t h) { const uint32_t u = (uint32_t)
 static inline uint16_t lz_float_to_bf16(float f) { uint32_t u; __builtin_memcpy(&u, &f, 4);
   const uint32_t r = u + 0x7FFFu + ((u >> 16) & 1u); return f != f ? (uint16_t)0x7FC0 : (uint16_t)(r >> 16); }
 static inline float lz_round_bf16(float f) { return lz_bf16_to_float(lz_float_to_bf16(f)); }
+#if defined(__FLT16_MAX__)  // _Float16 (g++ >= 12 on x86): a graph without float16 compiles on older compilers too
 static inline float lz_round_f16(float f) { return static_cast<float>(static_cast<_Float16>(f)); }
+#endif
 // Note [Indexed loads] (lower/indexing.py): an index out of range loads element 0 and sets error bit 2
 static inline int64_t lz_index_checked(int64_t i, int64_t n, int64_t wrap) {
   if (wrap && i < 0) i += n;
