@@ -23,6 +23,5 @@ def seeded():
 def cpu_backing():
     """Pin the backing device to the cpu, for tests of eager-CPU-only behaviour (a CPU-only custom op, a failed
     index that CUDA reports as an unrecoverable device-side assert) when the suite runs with LAZY_BACKING_DEVICE=cuda."""
-    lazy.mark_step()
-    with lazy.config.override(backing_device="cpu"):
+    with lazy.config.override(backing_device="cpu"):  # fresh_metrics (autouse, first) already synced
         yield

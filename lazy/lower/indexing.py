@@ -37,6 +37,19 @@ def clamped(i: kir.Expr, n: int) -> kir.Expr:
     return kir.op("index_clamp", kir.INDEX, i, kir.const(n - 1, kir.INDEX))
 
 
+def replaced(idx: Sequence[kir.Expr], dim: int, e: kir.Expr) -> List[kir.Expr]:
+    """``idx`` with its ``dim`` entry replaced by ``e``."""
+    out = list(idx)
+    out[dim] = e
+    return out
+
+
+def in_range(i: kir.Expr, n: int) -> kir.Expr:
+    """0 <= i < n."""
+    return kir.op("and", torch.bool, kir.op("ge", torch.bool, i, ZERO),
+                  kir.op("lt", torch.bool, i, kir.const(n, kir.INDEX)))
+
+
 def _index_tensor(t: object) -> TVal:
     if not isinstance(t, TVal) or t.dtype not in _INDEX_DTYPES:
         raise Unlowerable(f"index of {getattr(t, 'dtype', type(t).__name__)} (masks stay extern)")
@@ -57,8 +70,7 @@ def _gather(args: list, kwargs: dict, meta: tuple) -> TVal:
     if len(index.shape) != len(x.shape):
         raise Unlowerable("gather with an index of another rank")
     n = x.shape[dim]
-    return TVal(meta[0], x.dtype, lambda idx: x([checked(index(idx), n) if d == dim else e
-                                                  for d, e in enumerate(idx)]))
+    return TVal(meta[0], x.dtype, lambda idx: x(replaced(idx, dim, checked(index(idx), n))))
 
 
 @register("aten.index_select")
@@ -69,8 +81,7 @@ def _index_select(args: list, kwargs: dict, meta: tuple) -> TVal:
         raise Unlowerable("index_select with a multi-dimensional index")
     n = x.shape[dim]
     at = (lambda idx: index([idx[dim]])) if index.shape else (lambda idx: index([]))
-    return TVal(meta[0], x.dtype, lambda idx: x([checked(at(idx), n) if d == dim else e
-                                                  for d, e in enumerate(idx)]))
+    return TVal(meta[0], x.dtype, lambda idx: x(replaced(idx, dim, checked(at(idx), n))))
 
 
 @register("aten.embedding")
@@ -137,7 +148,7 @@ def _scatter(args: list, kwargs: dict, meta: tuple) -> TVal:
     n = x.shape[dim]
 
     def fn(idx: Sequence[kir.Expr]) -> kir.Expr:
-        row = [ZERO if d == dim else e for d, e in enumerate(idx)]
+        row = replaced(idx, dim, ZERO)
         hit = kir.op("eq", torch.bool, checked(index(row), n), idx[dim])
         return kir.op("where", x.dtype, hit, kir.cast(value(row), x.dtype), x(idx))
 
@@ -167,7 +178,7 @@ def _cat(args: list, kwargs: dict, meta: tuple) -> TVal:
         t = parts[k]
         i = kir.iadd(idx[dim], kir.const(-starts[k], kir.INDEX))
         i = i if len(parts) == 1 else clamped(i, t.shape[dim])
-        return kir.cast(t([i if d == dim else e for d, e in enumerate(idx)]), out)
+        return kir.cast(t(replaced(idx, dim, i)), out)
 
     def fn(idx: Sequence[kir.Expr]) -> kir.Expr:
         e = load(len(parts) - 1, idx)
@@ -203,8 +214,7 @@ def _constant_pad_nd(args: list, kwargs: dict, meta: tuple) -> TVal:
             if lo_b >= 0 and hi_b < x.shape[d]:
                 src[d] = j  # cropped, or padded on no side this output reaches
                 continue
-            ok = kir.op("and", torch.bool, kir.op("ge", torch.bool, j, ZERO),
-                        kir.op("lt", torch.bool, j, kir.const(x.shape[d], kir.INDEX)))
+            ok = in_range(j, x.shape[d])
             inside = ok if inside is None else kir.op("and", torch.bool, inside, ok)
             src[d] = clamped(j, x.shape[d])
         if inside is None:
@@ -232,10 +242,8 @@ def _slice_scatter(args: list, kwargs: dict, meta: tuple) -> TVal:
 
     def fn(idx: Sequence[kir.Expr]) -> kir.Expr:
         j = kir.iadd(idx[dim], kir.const(-start, kir.INDEX))
-        inside = kir.op("and", torch.bool, kir.op("ge", torch.bool, j, ZERO),
-                        kir.op("lt", torch.bool, j, kir.const(n, kir.INDEX)))
-        value = kir.cast(src([clamped(j, n) if d == dim else e for d, e in enumerate(idx)]), x.dtype)
-        return kir.op("where", x.dtype, inside, value, x(idx))
+        value = kir.cast(src(replaced(idx, dim, clamped(j, n))), x.dtype)
+        return kir.op("where", x.dtype, in_range(j, n), value, x(idx))
 
     return TVal(meta[0], x.dtype, fn)
 
