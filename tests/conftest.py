@@ -22,6 +22,8 @@ def seeded():
 @pytest.fixture
 def cpu_backing():
     """Pin the backing device to the cpu, for tests of eager-CPU-only behaviour (a CPU-only custom op, a failed
-    index that CUDA reports as an unrecoverable device-side assert) when the suite runs with LAZY_BACKING_DEVICE=cuda."""
-    with lazy.config.override(backing_device="cpu"):  # fresh_metrics (autouse, first) already synced
+    index that CUDA reports as an unrecoverable device-side assert) when the suite runs with
+    LAZY_BACKING_DEVICE=cuda."""
+    # fresh_metrics (autouse, so first) has already synced what earlier tests left
+    with lazy.config.override(backing_device="cpu"):
         yield

@@ -140,7 +140,7 @@ TEMPLATES: Dict[str, Callable[..., str]] = {
 for _name in ("exp", "log", "tanh", "sqrt", "sin", "cos", "erf", "log1p", "expm1", "log2", "exp2", "floor", "ceil",
               "trunc", "atan", "asin", "acos", "sinh", "cosh", "tan", "erfc", "log10"):
     TEMPLATES[_name] = _math(_name)
-for _name in ("exp", "log", "tanh", "sin", "cos", "erf", "log1p", "expm1"):
+for _name in cpp_math.VECTORIZED + ("sin", "cos"):
     TEMPLATES[_name] = _f(f"lz_{_name}({{0}})")  # vectorizable (Note [Vectorized math] in cpp_math.py)
 # bool arithmetic is logical, as in eager
 BOOL_TEMPLATES: Dict[str, Callable[..., str]] = {"add": _f("({0} || {1})"), "mul": _f("({0} && {1})"),
