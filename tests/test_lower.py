@@ -221,3 +221,46 @@ def test_index_arithmetic_splits_by_common_divisor():
     x = torch.randn(4, 6, 10)
     check(lambda x: [x.reshape(24, 10).softmax(1).reshape(4, 6, 10) * 1, x.reshape(4, 60).sum(1),
                      x.reshape(2, 12, 10).log_softmax(2).reshape(24, 10)[3:17:2] + 1], x)
+
+
+def _kernel_stores(sched_text: str) -> int:
+    return sched_text.count(" store ")
+
+
+def test_extern_inputs_are_strided_views_not_copies():
+    """Note [Extern inputs are views]: a transposed, sliced, selected or expanded input of an extern (mm, sort) is
+    passed as an as_strided view of its buffer; no kernel copies it first. Bases: leaves (one non-contiguous, one
+    at a storage offset) and a kernel temporary whose only use is the view."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(8, 20), torch.randn(32, 20), torch.randn(32)
+    big = torch.randn(6, 7, 9)
+    tall = torch.randn(20, 5).t()  # a non-contiguous leaf
+    offset_leaf = torch.randn(40, 6)[3:23]  # a leaf at a storage offset
+
+    def fn(x, w, b, big, tall, offset_leaf):
+        y = x * 2.0  # a temporary read only through views by the externs below
+        return [torch.relu(F.linear(x, w, b)), y.t() @ x, big[1:5, ::2, 3].t() @ big[0, :4, 1:3],
+                torch.sort(big[2, 1:, ::3].t(), dim=-1).values, tall @ offset_leaf[:, 1:2].expand(20, 7),
+                b[None].expand(4, 32) @ w]
+
+    metrics.reset()
+    check(fn, x, w, b, big, tall, offset_leaf)
+    assert metrics.counter("extern.aten.mm.default") == 5
+    program = next(iter(graph_cache._CACHE.values()))
+    # kernels: linear's bias + relu epilogue and y = x * 2 (both stored by design), nothing else
+    assert _kernel_stores(program.kernel_ir) == 2, program.kernel_ir
+
+
+@pytest.mark.parametrize("n", [4, 600])
+def test_extern_view_of_a_temporary_kept_alive_in_and_out_of_the_arena(n):
+    """The base of a view read by an extern lives until the call, in a kept arena (small) and in fresh buffers
+    (an arena over runtime/cpp.py's ARENA_KEEP_BYTES), while other temporaries come and go around it."""
+    torch.manual_seed(0)
+    x = torch.randn(n, n)
+
+    def fn(x):
+        t = (x * 1.5).sin()          # read only through its transpose, by the mm after more kernels ran
+        u = (x + 1.0).cos().sum(0)   # a reduction kernel with temporaries of its own in between
+        return [t.t() @ x + u, (t.t()[: n // 2] @ x[:, :3]).relu()]
+
+    check(fn, x, atol=1e-4, rtol=1e-4)

@@ -55,14 +55,18 @@ class Store:
 
 
 class Extern:
-    """An ATen call at run time: ``fn`` with argument templates over input buffers and runtime scalar slots."""
+    """An ATen call at run time: ``fn`` with argument templates over input buffers and runtime scalar slots.
 
-    __slots__ = ("fn", "args", "kwargs", "inputs", "slots", "outputs", "name")
+    ``views[i]`` is None when input ``i`` is its buffer, or ``(shape, strides, offset)`` (in elements of the
+    buffer) when the call reads a strided view of it (Note [Extern inputs are views])."""
+
+    __slots__ = ("fn", "args", "kwargs", "inputs", "views", "slots", "outputs", "name")
 
     def __init__(self, fn: Any, args: tuple, kwargs: tuple, inputs: List[kir.Buffer], slots: List[int],
-                 outputs: List[Optional[kir.Buffer]]) -> None:
+                 outputs: List[Optional[kir.Buffer]], views: Optional[Sequence[Optional[tuple]]] = None) -> None:
         self.fn, self.args, self.kwargs = fn, args, kwargs
         self.inputs, self.slots, self.outputs = inputs, slots, outputs
+        self.views = tuple(views) if views is not None else (None,) * len(inputs)
         self.name = op_name(fn)
 
 
@@ -194,12 +198,45 @@ def _lower_node(out: Lowered, node: Node, ins: List[Any], slot: int) -> Any:
                    _meta(node), node.shape is None)
 
 
+# Note [Extern inputs are views]
+# An extern is an ATen call, and ATen takes strided tensors: an input that only reads a buffer at an affine index
+# with non-negative coefficients (a transpose, a slice, a select, an expand of a stored value) is passed as an
+# ``as_strided`` view of that buffer instead of being copied by a kernel first. ``F.linear``'s transposed weight is
+# the common case: eager passes ``w.t()`` to mm as a view too, so the extern now sees what eager's mm sees. The
+# view's buffer counts as the extern's input for lifetimes (it stays alive until the call) and is given a tensor
+# at run time like any extern input (runtime/cpp.py).
+
+
+def _strided_view(v: TVal) -> Optional[tuple]:
+    """(buffer, (shape, strides, offset)) if ``v`` reads one buffer at an affine index (Note [Extern inputs are
+    views]), else None."""
+    vs = vars_for(v.shape, "x")
+    e = v(vs)
+    if e.op != "load" or e.dtype is not v.dtype:
+        return None
+    terms, offset = kir.affine(e.args[1])
+    strides = tuple(terms.pop(x, 0) for x in vs)
+    if terms or offset < 0 or any(s < 0 for s in strides):
+        return None
+    return e.args[0], (v.shape, strides, offset)
+
+
 def _extern(out: Lowered, fn: Any, args: tuple, kwargs: tuple, ins: List[Any], slots: List[int], meta: Any,
             multi: bool) -> Any:
-    bufs = [out.realize(v) for v in ins]
+    bufs: List[kir.Buffer] = []
+    views: List[Optional[tuple]] = []
+    for v in ins:
+        view = _strided_view(v) if v.buffer is None else None
+        if view is None:
+            bufs.append(out.realize(v))
+            views.append(None)
+        else:
+            bufs.append(view[0])
+            same = view[1][0] == view[0].shape and view[1][1] == view[0].strides and view[1][2] == 0
+            views.append(None if same else view[1])
     metas = meta if multi else (meta,)
     outs = [out.buffer(m[0], m[1], kind="extern") if m is not None else None for m in metas]
-    out.steps.append(Extern(fn, args, kwargs, bufs, slots, outs))
+    out.steps.append(Extern(fn, args, kwargs, bufs, slots, outs, views))
     name = op_name(fn)
     out.externs_by_op[name] = out.externs_by_op.get(name, 0) + 1
     vals = [from_buffer(b) if b is not None else None for b in outs]

@@ -168,6 +168,12 @@ def _linear(e: Expr) -> Tuple[Dict[Expr, int], int]:
     return {e: 1}, 0
 
 
+def affine(e: Expr) -> Tuple[Dict[Expr, int], int]:
+    """An index expression as (coefficient by atom, constant): atoms are variables or non-affine subexpressions."""
+    terms, c = _linear(e)
+    return dict(terms), c
+
+
 def _fold_divmod(terms: Dict[Expr, int]) -> Dict[Expr, int]:
     """``k*m*(a // k) + m*(a % k)`` -> ``m*a``: a split index recombined (reshape (i*C + j) -> (i, j) -> flat)."""
     for f, cf in list(terms.items()):

@@ -160,8 +160,9 @@ class Program:
             frees = [b for b in sched.frees.get(i, ()) if b not in kept]
             if isinstance(step, Extern):
                 fn = _direct(EXEC_OVERRIDES.get(step.fn, step.fn))
+                views = tuple((j, v) for j, v in enumerate(step.views) if v is not None)
                 steps.append([_EXTERN, step.name, fn, step.args, step.kwargs, _plan_args(step.args, step.kwargs),
-                              tuple(b.id for b in step.inputs), tuple(step.slots),
+                              tuple(b.id for b in step.inputs), views, tuple(step.slots),
                               tuple((b.id if b is not None else None) for b in step.outputs),
                               tuple(frees)])
                 continue
@@ -234,10 +235,13 @@ class Program:
                         _raise_kernel_error(err)
                     launched += count
                 else:
-                    _, label, fn, args, kwargs, plan, ins, slots, outs, frees = step
+                    _, label, fn, args, kwargs, plan, ins, views, slots, outs, frees = step
                     start = time.perf_counter() if timer is not None else 0.0
-                    result = _call_extern(fn, args, kwargs, plan, [values[i] for i in ins], scalars, slots,
-                                          self.device)
+                    ivals = [values[i] for i in ins]
+                    for j, (shape, strides, offset) in views:  # Note [Extern inputs are views] (lower/graph.py)
+                        base = ivals[j]
+                        ivals[j] = base.as_strided(shape, strides, base.storage_offset() + offset)
+                    result = _call_extern(fn, args, kwargs, plan, ivals, scalars, slots, self.device)
                     results = result if len(outs) > 1 or isinstance(result, (tuple, list)) else (result,)
                     for i, t in zip(outs, results):
                         if i is None:
