@@ -90,6 +90,93 @@ def test_bool_and_int8():
                             i8 + i8, i8 * 3, i8.sum(), torch.where(a, i8, 0)], a, b, i8)
 
 
+def assert_lowered():
+    """No op of the graphs compiled since the last metrics reset became an extern ATen call."""
+    externs = {k: v for k, v in metrics.counters().items() if k.startswith("extern.")}
+    assert not externs, externs
+
+
+INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+
+
+def int_values(dtype):
+    """Every value of an 8-bit dtype; for wider ones the extremes, the values around 0 and around the bit width (as
+    shift amounts: < 0, = width - 1, >= width) and random values."""
+    info = torch.iinfo(dtype)
+    if info.bits == 8:
+        return torch.arange(info.min, info.max + 1).to(dtype)
+    n = info.bits
+    edges = torch.tensor([info.min, info.min + 1, -n - 1, -n, -n + 1, -3, -2, -1, 0, 1, 2, 3, n - 2, n - 1, n, n + 1,
+                          2 * n, info.max - 1, info.max])
+    return torch.cat([edges, torch.randint(info.min, info.max, (40,))]).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES, ids=str)
+def test_shifts_match_eager_at_every_amount(dtype):
+    """Note [Shifts]: every (value, amount) pair of 8-bit dtypes, edge pairs of wider ones: an amount < 0 or >= the
+    bit width shifts left to 0 and right to the sign fill, as eager's kernels; tensor and Python-number amounts."""
+    torch.manual_seed(10)
+    v = int_values(dtype)
+    check(lambda a, b: [a << b, a >> b, torch.bitwise_left_shift(a, b), torch.bitwise_right_shift(a, b), a << 3,
+                        a >> 1, a << 70, a >> 70, 5 << b, torch.bitwise_right_shift(-7, b), a.t() << b.t()],
+          v[:, None], v[None, :])
+    assert_lowered()
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES + (torch.bool,), ids=str)
+def test_bitwise_ops(dtype):
+    """and/or/xor/not in every integer dtype and bool (where they are logical: ~True is False), with numbers, mixed
+    dtypes (promoted as eager does), broadcasts, non-contiguous, 0-size and 1-element inputs."""
+    torch.manual_seed(11)
+    v = int_values(dtype) if dtype is not torch.bool else torch.tensor([False, True])
+    a, b = v[:, None], v[None, :]
+    other = torch.randint(-1000, 1000, (v.numel(), 1), dtype=torch.int32)
+    empty, one = torch.zeros(0, 3, dtype=dtype), v[-1:]
+    scalar = True if dtype is torch.bool else 0x5A
+    check(lambda a, b, other, empty, one: [a & b, a | b, a ^ b, ~a, ~b.t(), a & scalar, scalar | b, a ^ scalar,
+                                           a & other, other ^ b, empty & empty, ~empty, one | one, ~one,
+                                           torch.bitwise_xor(a[::2], b[:, 1::2])],
+          a, b, other, empty, one)
+    assert_lowered()
+
+
+def test_attention_mask_and_stays_in_the_kernel():
+    """A causal mask & a padding mask (bool, broadcast), as every transformer step builds them: one kernel."""
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    pad = torch.rand(2, 1, 1, 6) > 0.3
+    scores = torch.randn(2, 3, 6, 6)
+    check(lambda c, p, s: [s.masked_fill(~(c & p), float("-inf")).softmax(-1), c & p, c | ~p], causal, pad, scores)
+    assert_lowered()
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES, ids=str)
+def test_integer_pow(dtype):
+    """eager's integer pow: wraps on overflow; a negative exponent gives 1 for base 1, +-1 for -1, 0 otherwise;
+    tensor exponents and number bases (2 ** t)."""
+    torch.manual_seed(12)
+    v = int_values(dtype)
+    small = torch.tensor([-3, -2, -1, 0, 1, 2, 3, 7, 8, 15, 16, 31, 32, 62, 63, 64, 65, 127]).to(dtype)
+    check(lambda a, b, s: [a[:, None] ** s, torch.pow(s[:, None], a), 2 ** a, (-1) ** a, torch.pow(3, s),
+                           s[:, None] ** s[None, :], a[::3] ** s[1:2], a ** b], v, v.flip(0), small)
+    assert_lowered()
+
+
+def test_integer_pow_by_a_number_raises_as_eager():
+    """pow(int tensor, number) checks the number (negative: an error, out of the dtype's range: an error), which a
+    kernel cannot: it stays an extern call, which raises as eager does; so do pow and shifts of bools (whose result
+    dtype, int64, is no bool: the operands' is)."""
+    x = torch.tensor([2, -3, 5])
+    torch.testing.assert_close((x.to("lazy") ** 3).cpu(), x ** 3)
+    with pytest.raises(RuntimeError, match="negative integer powers"):
+        (x.to("lazy") ** -1).cpu()
+    with pytest.raises(RuntimeError, match="overflow"):
+        (x.to(torch.int8).to("lazy") ** 300).cpu()
+    b = torch.tensor([True, False]).to("lazy")
+    for fn in (lambda b: b ** b, lambda b: torch.pow(True, b), lambda b: b >> b, lambda b: b << True):
+        with pytest.raises(RuntimeError, match="(?i)bool"):  # at the call (meta) or the sync (kernel)
+            fn(b).cpu()
+
+
 def test_integer_division_by_zero_raises():
     x = torch.tensor([1, 2, 3]).to("lazy")
     with pytest.raises((ZeroDivisionError, RuntimeError)):

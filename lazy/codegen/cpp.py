@@ -80,6 +80,17 @@ template <typename T> static inline T lz_max(T a, T b) { return (a != a || a > b
 template <typename T> static inline T lz_min(T a, T b) { return (a != a || a < b) ? a : b; }
 template <typename T> static inline T lz_lerp(T a, T b, T w) {
   return std::abs(w) < T(0.5) ? a + w * (b - a) : b - (b - a) * (T(1) - w); }
+// Note [Shifts] (lower/pointwise.py): U is T's unsigned type, N its width (lshift) or width - signed (rshift)
+template <typename T, typename U, int N> static inline T lz_shl(T a, T b) {
+  return (b < 0 || b >= N) ? T(0) : static_cast<T>(static_cast<U>(a) << b); }
+template <typename T, int N> static inline T lz_shr(T a, T b) {
+  return static_cast<T>(a >> ((b < 0 || b >= N) ? N : b)); }
+// eager's integer pow (ATen's powi): wraps on overflow; negative exponents: 1 for 1, +-1 for -1, else 0
+template <typename T> static inline T lz_ipow(T a, T b) {
+  if (b < 0) return a == 1 ? T(1) : (a == -1 ? ((b & 1) ? T(-1) : T(1)) : T(0));
+  T r = 1;
+  while (b) { if (b & 1) r = static_cast<T>(r * a); b = static_cast<T>(b / 2); a = static_cast<T>(a * a); }
+  return r; }
 """
 
 
@@ -97,6 +108,18 @@ def _math(fn: str) -> Callable[..., str]:
     return _f(f"std::{fn}({{0}})")
 
 
+_INT_BITS = {"int8_t": 8, "uint8_t": 8, "int16_t": 16, "int32_t": 32, "int64_t": 64}
+
+
+def _shift(left: bool) -> Callable[..., str]:
+    def render(t: str, a: str, b: str) -> str:
+        bits = _INT_BITS[t]
+        if left:
+            return f"lz_shl<{t}, {'u' + t if t[0] == 'i' else t}, {bits}>({a}, {b})"
+        return f"lz_shr<{t}, {bits - (t[0] == 'i')}>({a}, {b})"
+    return render
+
+
 # NOTE: op -> template over the rendered arguments; ``T`` is the C type of the result.
 TEMPLATES: Dict[str, Callable[..., str]] = {
     "add": _by_kind("({0} + {1})", "static_cast<{T}>({0} + {1})"),
@@ -107,7 +130,7 @@ TEMPLATES: Dict[str, Callable[..., str]] = {
     "floordiv": _by_kind("lz_fdiv_floor<{T}>({0}, {1})", "lz_idiv_floor<{T}>({0}, {1})"),
     "remainder": _by_kind("lz_fmod_floor<{T}>({0}, {1})", "lz_imod_floor<{T}>({0}, {1})"),
     "fmod": _by_kind("std::fmod({0}, {1})", "lz_imod_trunc<{T}>({0}, {1})"),
-    "pow": _f("std::pow({0}, {1})"),
+    "pow": _by_kind("std::pow({0}, {1})", "lz_ipow<{T}>({0}, {1})"),
     "atan2": _f("std::atan2({0}, {1})"),
     "neg": _f("static_cast<{T}>(-{0})"),
     "abs": _by_kind("std::abs({0})", "static_cast<{T}>({0} < 0 ? -{0} : {0})"),
@@ -132,6 +155,9 @@ TEMPLATES: Dict[str, Callable[..., str]] = {
     "eq": _f("({0} == {1})"), "ne": _f("({0} != {1})"), "lt": _f("({0} < {1})"),
     "le": _f("({0} <= {1})"), "gt": _f("({0} > {1})"), "ge": _f("({0} >= {1})"),
     "and": _f("({0} && {1})"), "or": _f("({0} || {1})"), "not": _f("(!{0})"),
+    "bitwise_and": _f("static_cast<{T}>({0} & {1})"), "bitwise_or": _f("static_cast<{T}>({0} | {1})"),
+    "bitwise_xor": _f("static_cast<{T}>({0} ^ {1})"), "bitwise_not": _f("static_cast<{T}>(~{0})"),
+    "lshift": _shift(left=True), "rshift": _shift(left=False),
     "where": _f("({0} ? {1} : {2})"),
     "cast": _f("static_cast<{T}>({0})"),
     "index_checked": _f("lz_index_checked({0}, {1}, {2})"), "index_clamp": _f("lz_index_clamp({0}, {1})"),
@@ -145,7 +171,8 @@ for _name in cpp_math.VECTORIZED + ("sin", "cos"):
 # bool arithmetic is logical, as in eager
 BOOL_TEMPLATES: Dict[str, Callable[..., str]] = {"add": _f("({0} || {1})"), "mul": _f("({0} && {1})"),
                                                  "maximum": _f("({0} || {1})"), "minimum": _f("({0} && {1})"),
-                                                 "fmax": _f("({0} || {1})"), "fmin": _f("({0} && {1})")}
+                                                 "fmax": _f("({0} || {1})"), "fmin": _f("({0} && {1})"),
+                                                 "bitwise_not": _f("(!{0})")}  # C++'s ~true is -2, i.e. true
 
 INIT = {"sum": lambda t: f"{t}(0)", "prod": lambda t: f"{t}(1)",
         "max": lambda t: f"-std::numeric_limits<{t}>::infinity()" if t in ("float", "double")

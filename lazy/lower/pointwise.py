@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict
 import torch
 
 from . import kir
-from .values import TVal, Unlowerable, pointwise, promote
+from .values import ScalarArg, TVal, Unlowerable, pointwise, promote
 
 LOWERINGS: Dict[str, Callable[..., TVal]] = {}
 
@@ -25,10 +25,32 @@ def register(*names: str) -> Callable:
     return deco
 
 
-def _unary(expr_op: str, float_only: bool = False) -> Callable[..., TVal]:
+def _any(dtype: torch.dtype) -> bool:
+    return True
+
+
+def _floating(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point
+
+
+def _integral(dtype: torch.dtype) -> bool:
+    """Integers and bool: eager's bitwise kernels have no floating-point version."""
+    return not dtype.is_floating_point
+
+
+def _integer(dtype: torch.dtype) -> bool:
+    """Integers only: eager's shift kernels have no bool (nor floating-point) version."""
+    return not dtype.is_floating_point and dtype is not torch.bool
+
+
+def _unary(expr_op: str, float_only: bool = False, accepts: Callable[[torch.dtype], bool] = _any
+           ) -> Callable[..., TVal]:
+    accepts = _floating if float_only else accepts
+
     def lower(args: list, kwargs: dict, meta: tuple) -> TVal:
         out = meta[1]
-        if float_only and not out.is_floating_point:
+        if not accepts(out):
+            # NOTE: eager raises "not implemented for <dtype>" here: the extern call raises the same
             raise Unlowerable(f"{expr_op} on {out}")
         if len(args) > 1 or kwargs:
             # NOTE: an overload with more arguments (round.decimals) means something else: never drop them.
@@ -62,9 +84,20 @@ def _round(args: list, kwargs: dict, meta: tuple) -> TVal:
                      out, out, args[0])
 
 
-def _binary(expr_op: str) -> Callable[..., TVal]:
+def _bool_kernel(*xs: Any) -> bool:
+    """Whether eager's kernel for ``xs`` might run in bool (the operands' promoted dtype, not the result's): pow of
+    bools and shifts of bools raise there. An integer runtime scalar may be a bool (the recorder keeps its kind as
+    int), so bool tensors with one count as bool too."""
+    tensors = [x for x in xs if isinstance(x, TVal)]
+    return all(x.dtype is torch.bool for x in tensors) and \
+        (promote(*xs) is torch.bool or any(isinstance(x, ScalarArg) and x.kind is int for x in xs))
+
+
+def _binary(expr_op: str, accepts: Callable[[torch.dtype], bool] = _any) -> Callable[..., TVal]:
     def lower(args: list, kwargs: dict, meta: tuple) -> TVal:
         out = meta[1]
+        if not accepts(out) or (accepts is _integer and _bool_kernel(*args[:2])):
+            raise Unlowerable(f"{expr_op} on {out}")
         return pointwise(lambda a, b: kir.op(expr_op, out, a, b), out, out, args[0], args[1])
     return lower
 
@@ -78,6 +111,16 @@ register("aten.fmod", "prims.fmod")(_binary("fmod"))
 register("aten.remainder", "prims.remainder")(_binary("remainder"))
 register("aten.atan2", "prims.atan2")(_binary("atan2"))
 register("aten.floor_divide")(_binary("floordiv"))
+# Bitwise ops compute in the result dtype (both operands cast to it, as TensorIterator does); on bool they are
+# logical. The dunder overloads (x << 2 records aten.__lshift__.Scalar) run the same kernels in eager.
+register("aten.bitwise_and", "aten.__and__", "prims.bitwise_and")(_binary("bitwise_and", _integral))
+register("aten.bitwise_or", "aten.__or__", "prims.bitwise_or")(_binary("bitwise_or", _integral))
+register("aten.bitwise_xor", "aten.__xor__", "prims.bitwise_xor")(_binary("bitwise_xor", _integral))
+register("aten.bitwise_not", "prims.bitwise_not")(_unary("bitwise_not", accepts=_integral))
+# Note [Shifts]: eager's lshift of an amount < 0 or >= the bit width is 0; rshift by such an amount (or by the
+# width - 1 for signed types) fills with the sign bit: codegen's lz_shl / lz_shr, from ATen's BinaryOpsKernel.cpp
+register("aten.bitwise_left_shift", "aten.__lshift__", "prims.shift_left")(_binary("lshift", _integer))
+register("aten.bitwise_right_shift", "aten.__rshift__", "prims.shift_right_arithmetic")(_binary("rshift", _integer))
 
 
 def _add_sub(which: str, reverse: bool = False) -> Callable[..., TVal]:
@@ -115,10 +158,22 @@ def _prims_div(args: list, kwargs: dict, meta: tuple) -> TVal:
 
 @register("aten.pow", "prims.pow")
 def _pow(args: list, kwargs: dict, meta: tuple) -> TVal:
+    """pow; on integers eager's powi (codegen's lz_ipow): repeated squaring that wraps, and a negative exponent
+    gives 1 for base 1, +-1 for base -1 and 0 otherwise."""
     out = meta[1]
-    if not out.is_floating_point:
-        raise Unlowerable(f"integer pow ({out})")
-    return pointwise(lambda a, b: kir.op("pow", out, a, b), out, out, args[0], args[1])
+    base, exponent = args[0], args[1]
+    if _bool_kernel(base, exponent):
+        raise Unlowerable("pow of bools")  # eager: "pow" not implemented for 'Bool'
+    if not out.is_floating_point and not isinstance(exponent, TVal) and isinstance(base, TVal):
+        # NOTE: pow.Tensor_Scalar on integers raises for a negative exponent or one out of the dtype's range (the
+        # scalar is converted with a check). A runtime scalar's value is unknown here, and a kernel has no error
+        # for it: only a constant exponent that passes both checks is lowered.
+        info = torch.iinfo(out)
+        if type(exponent) is bool:
+            exponent = int(exponent)
+        if type(exponent) is not int or exponent < 0 or exponent > info.max:
+            raise Unlowerable(f"integer pow with exponent {exponent!r} ({out})")
+    return pointwise(lambda a, b: kir.op("pow", out, a, b), out, out, base, exponent)
 
 
 def _compare(expr_op: str) -> Callable[..., TVal]:
@@ -142,13 +197,6 @@ register("aten.logical_and")(_logical("and"))
 register("aten.logical_or")(_logical("or"))
 register("aten.logical_xor")(_logical("ne"))
 register("aten.logical_not")(_logical("not"))
-
-
-@register("aten.bitwise_not")
-def _bitwise_not(args: list, kwargs: dict, meta: tuple) -> TVal:
-    if meta[1] is not torch.bool:
-        raise Unlowerable("bitwise_not on integers")
-    return pointwise(lambda a: kir.op("not", torch.bool, a), torch.bool, torch.bool, args[0])
 
 
 @register("aten.isnan")
