@@ -1,5 +1,4 @@
 """The C++ renderer and runtime: templates, serial/parallel paths, runtime scalars, fallback on failure."""
-import math
 import warnings
 
 import pytest
@@ -112,80 +111,6 @@ def test_half_precision_kernels_round_like_eager(dtype):
                                    msg=lambda m: f"output {i}: {m}")
 
 
-# ---- vectorized math (Note [Vectorized math] in lazy/codegen/cpp_math.py) ----------------------------------------
-
-MATH_FNS = ("exp", "expm1", "log", "log1p", "tanh", "sigmoid", "sin", "cos", "erf")
-
-
-def _sweep(dtype):
-    """Random bit patterns (every exponent, both signs, NaNs, subnormals), dense ranges, near-multiples of pi/2
-    and the special values of each function (overflow/underflow thresholds, +-0, +-inf, NaN)."""
-    g = torch.Generator().manual_seed(0)
-    fi = torch.finfo(dtype)
-    if dtype is torch.float32:
-        bits = torch.randint(-2 ** 31, 2 ** 31, (1 << 17,), generator=g, dtype=torch.int64).to(torch.int32)
-    else:
-        bits = torch.randint(-2 ** 63, 2 ** 63 - 1, (1 << 16,), generator=g, dtype=torch.int64)
-    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), fi.tiny, -fi.tiny, fi.max, -fi.max,
-                            fi.tiny * 2 ** -10, 1.0, -1.0, 0.5, 2.0, 88.72, 89.0, -87.3, -103.9, -104.0, -150.0,
-                            709.7, 709.8, -745.1, -746.0, 20.0, -20.0, 9.0, 4.0, 3.9, 6.0, 5.9, 1e-8, -1e-8,
-                            -0.99999, -1.0 + 1e-7], dtype=torch.float64).to(dtype)
-    lin = torch.linspace(-10, 10, 40001, dtype=dtype)
-    logs = torch.logspace(math.log10(fi.tiny) - 5, math.log10(fi.max), 20001, dtype=torch.float64).to(dtype)
-    near = (torch.arange(-3000, 3000, dtype=torch.float64) * (math.pi / 2)).to(dtype)
-    up = torch.nextafter(near, torch.full_like(near, float("inf")))
-    down = torch.nextafter(near, torch.full_like(near, -float("inf")))
-    return torch.cat([bits.view(dtype), special, lin, lin * 1e-3, lin * 100, logs, -logs, near, up, down])
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("name", MATH_FNS)
-def test_vectorized_math_matches_eager(name, dtype):
-    """Within 4 eps relative (<= 4-8 ulp; measured: float32 <= 1 ulp except sigmoid 3, float64 <= 3 ulp) of eager,
-    4 subnormal steps absolute, with eager's NaNs, infinities (overflow) and zeros (underflow) exactly."""
-    x = _sweep(dtype)
-    fn = getattr(torch, name)
-    got = fn(x.to("lazy")).cpu()
-    assert metrics.counter("compile_fallback") == 0 and not [k for k in metrics.counters() if k.startswith("extern.")]
-    assert "lz_" + ("exp" if name == "sigmoid" else name) in last_program().source
-    want = fn(x)
-    fi = torch.finfo(dtype)
-    torch.testing.assert_close(got, want, rtol=4 * fi.eps, atol=4 * fi.tiny * fi.eps, equal_nan=True)
-    # signs of zero exactly (where both are zero: eager's log1p flushes x = +-2^-149 to +0, ours returns x)
-    zeros = (want == 0) & (got == 0)
-    assert torch.equal(got[zeros].signbit(), want[zeros].signbit())
-
-
-def test_math_loops_vectorize(tmp_path):
-    """g++ vectorizes a loop over each math function (the point of cpp_math.py); double sin/cos stay libm calls."""
-    import subprocess
-
-    from lazy.runtime import cpp as runtime
-    fns = [n for n in MATH_FNS if n != "sigmoid"]
-    loops = [f"void k_{n}_{t}(const {t}* __restrict a, {t}* __restrict b, int64_t n) {{\n"
-             f"  for (int64_t i = 0; i < n; ++i) b[i] = lz_{n}(a[i]);\n}}"
-             for t in ("float", "double") for n in fns if not (t == "double" and n in ("sin", "cos"))]
-    src = tmp_path / "m.cpp"
-    src.write_text(cpp.PRELUDE + "\n".join(loops) + "\n")
-    flags = [f for f in runtime.FLAGS if f != "-shared"]
-    out = subprocess.run(["g++", *flags, "-c", "-fopt-info-vec-optimized", "-o", str(tmp_path / "m.o"), str(src)],
-                         capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    prelude_lines = cpp.PRELUDE.count("\n")
-    vectorized = {int(line.split(":")[1]) - prelude_lines - 1 for line in out.stderr.splitlines()
-                  if "loop vectorized" in line and int(line.split(":")[1]) > prelude_lines}
-    assert len(vectorized) == len(loops), out.stderr
-
-
-def test_two_over_pi_chunks_and_no_cmath():
-    mpmath = pytest.importorskip("mpmath")
-    from lazy.codegen import cpp_math
-    with mpmath.workdps(100):
-        bits = int(mpmath.floor(2 / mpmath.pi * mpmath.mpf(2) ** (24 * len(cpp_math.TWO_OVER_PI_24))))
-    assert bits == int("".join(f"{d:06x}" for d in cpp_math.TWO_OVER_PI_24), 16)
-    assert "<cmath>" not in cpp.PRELUDE  # Note [No <cmath>]: it costs ~0.17 s of every compile
-
-
 @pytest.mark.parametrize("keep", [True, False])
 def test_arena_temporaries_and_fresh_outputs(keep, monkeypatch):
     # Note [Run plan]: kernel-only temporaries live in the Program's arena (reused by lifetime), outputs are new
@@ -238,3 +163,61 @@ def test_per_kernel_timing_under_debug_3(capsys):
     metrics.reset()
     (x.to("lazy") * 2.5).cpu()
     assert not [k for k in metrics.counters() if k.startswith("cpp.time.")]  # off unless asked for
+
+
+# ---- reductions (Note [Reductions in lanes] in lazy/codegen/cpp.py, Note [Column reductions are tiled] in
+# lazy/schedule/__init__.py) ----------------------------------------------------------------------------------------
+
+def _reduction_inputs(dtype):
+    """[37, 301]-shaped inputs (no size a multiple of any lane count), contiguous, transposed, sliced and broadcast,
+    and 0-size and 1-element ones; floating ones hold NaN and +-inf in some rows and columns, not in others."""
+    g = torch.Generator().manual_seed(0)
+
+    def make(*shape):
+        if dtype is torch.bool:
+            return torch.rand(shape, generator=g) > 0.5
+        if not dtype.is_floating_point:
+            return torch.randint(-60, 60, shape, generator=g).to(dtype)
+        return torch.randn(shape, generator=g).to(dtype)
+
+    x = make(37, 301)
+    if dtype.is_floating_point:
+        x[3, 10] = x[30, 20] = float("nan")
+        x[4, 200] = x[9, 20] = float("inf")
+        x[6, 0] = x[9, 21] = -float("inf")
+        x[7, :] = -float("inf")
+    return {"contiguous": x, "transposed": make(301, 37).t(), "sliced": make(80, 700)[3:77:2, 1:602:2],
+            "broadcast": make(301)[None].expand(37, 301), "column": make(37, 1).expand(37, 301),
+            "1x1": make(1, 1), "0x7": make(0, 7), "7x0": make(7, 0)}
+
+
+def _reduction_ops(dtype):
+    ops = [lambda x: x.sum(0), lambda x: x.sum(1), lambda x: x.sum(), lambda x: x.amax(0), lambda x: x.amax(1),
+           lambda x: x.amin(0), lambda x: x.amin(1), lambda x: x.max(), lambda x: x.min(), lambda x: x.prod(1),
+           lambda x: x.sum(1, keepdim=True) * 2]
+    if dtype.is_floating_point:
+        ops += [lambda x: x.mean(0), lambda x: x.mean(1), lambda x: x.var(1), lambda x: x.std(0),
+                lambda x: x.var(), lambda x: x.softmax(1), lambda x: x.softmax(0), lambda x: x.log_softmax(1),
+                lambda x: x.log_softmax(0), lambda x: torch.nn.functional.layer_norm(x, x.shape[1:]),
+                lambda x: torch.nn.functional.layer_norm(x.t(), x.t().shape[1:])]
+    return ops
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
+                                   torch.int64, torch.bool])
+def test_reductions_match_eager(dtype):
+    """Row and column reductions (in lanes, tiled or sequential) on every layout of _reduction_inputs: eager's
+    values within assert_close's tolerances for the dtype, eager's NaNs and infinities, compiled (no fallback)."""
+    for case, x in _reduction_inputs(dtype).items():
+        ops, want = [], []
+        for op in _reduction_ops(dtype):
+            try:
+                want.append(op(x))
+            except RuntimeError:  # eager refuses it (max of an empty tensor, amax over a 0-size dim)
+                continue
+            ops.append(op)
+        lz = [op(x.to("lazy")) for op in ops]
+        lazy.mark_step()
+        assert metrics.counter("compile_fallback") == 0
+        for i, (got, w) in enumerate(zip(lz, want)):
+            torch.testing.assert_close(got.cpu(), w, equal_nan=True, msg=lambda m: f"{case}, op {i}: {m}")
