@@ -177,6 +177,46 @@ def test_integer_pow_by_a_number_raises_as_eager():
             fn(b).cpu()
 
 
+FLOAT_SPECIALS = [float("nan"), -float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 0.3, -0.7, 1.0, 1.5, -2.5,
+                  0.99, -0.99, 1e-30, 65504.0, 1e30]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+def test_float_pointwise_special_values(dtype):
+    """Classes and sign bits of NaN, -NaN, +-inf, +-0 (signbit outputs check the signs assert_close ignores), sign
+    and sgn of NaN (0, as eager), copysign, hypot, xlogy at x == 0 and y NaN, inverse hyperbolics, lgamma and
+    softshrink, in every float dtype (half precision computed in float, rounded once)."""
+    x = torch.tensor(FLOAT_SPECIALS).to(dtype)
+    y = x.flip(0)
+    check(lambda x, y: [x.isinf(), x.isfinite(), x.isposinf(), x.isneginf(), x.signbit(), x.sign(), torch.sgn(x),
+                        torch.copysign(x, y), torch.copysign(x, y).signbit(), torch.copysign(x, -1.0), x.acosh(),
+                        x.asinh(), x.atanh(), x.lgamma(), torch.hypot(x, y), torch.xlogy(x, y), torch.xlogy(0.0, y),
+                        torch.xlogy(x, 2.0), F.softshrink(x, 0.5), F.softshrink(x.t()), x.conj_physical(),
+                        x[:, ::3].isinf(), x[:, 1:].isneginf()], x[None], y[None])
+    assert_lowered()
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES + (torch.bool,), ids=str)
+def test_integer_pointwise(dtype):
+    """floor/ceil/trunc/round of integers are copies; integers are finite and never inf; signbit is x < 0; sign;
+    copysign promotes to float; gcd and lcm as ATen's (|-128| stays -128 in int8, overflow wraps), every pair of
+    8-bit values. Without INT_MIN in int32/int64: eager's lcm of INT_MIN and an odd number traps (SIGFPE)."""
+    torch.manual_seed(13)
+    v = int_values(dtype) if dtype is not torch.bool else torch.tensor([False, True])
+    if dtype in (torch.int32, torch.int64):
+        v = v[1:]
+    a, b = v[:, None], v[None, :]
+
+    def fn(a, b):
+        outs = [a.isinf(), a.isfinite(), a.isposinf(), a.signbit(), torch.copysign(a, b), a.conj_physical(),
+                a.sign(), torch.sgn(a)]
+        if dtype is not torch.bool:
+            outs += [a.floor(), a.ceil(), a.trunc(), a.round(), torch.gcd(a, b), torch.lcm(a, b), a.abs(), -a]
+        return outs
+    check(fn, a, b)
+    assert_lowered()
+
+
 def test_integer_division_by_zero_raises():
     x = torch.tensor([1, 2, 3]).to("lazy")
     with pytest.raises((ZeroDivisionError, RuntimeError)):

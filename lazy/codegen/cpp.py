@@ -91,6 +91,15 @@ template <typename T> static inline T lz_ipow(T a, T b) {
   T r = 1;
   while (b) { if (b & 1) r = static_cast<T>(r * a); b = static_cast<T>(b / 2); a = static_cast<T>(a * a); }
   return r; }
+// ATen's calc_gcd and lcm: |x| and a / g * b in C++'s promoted type, so int8's -128 and overflow wrap as there.
+// gcd(INT_MIN, INT_MIN + 1) is -1 there, and eager's INT_MIN / -1 then traps (SIGFPE): here it wraps to INT_MIN.
+template <typename T> static inline T lz_gcd(T a, T b) {
+  a = static_cast<T>(a < 0 ? -a : a); b = static_cast<T>(b < 0 ? -b : b);
+  while (a != 0) { const T c = a; a = static_cast<T>(b % a); b = c; }
+  return b; }
+template <typename T> static inline T lz_lcm(T a, T b) {
+  const T g = lz_gcd<T>(a, b); if (g == 0) return T(0);
+  const auto r = (g == -1 ? -a : a / g) * b; return static_cast<T>(r < 0 ? -r : r); }
 """
 
 
@@ -135,8 +144,8 @@ TEMPLATES: Dict[str, Callable[..., str]] = {
     "neg": _f("static_cast<{T}>(-{0})"),
     "abs": _by_kind("std::abs({0})", "static_cast<{T}>({0} < 0 ? -{0} : {0})"),
     "relu": _by_kind("(({0} != {0} || {0} > {T}(0)) ? {0} : {T}(0))", "({0} > 0 ? {0} : {T}(0))"),
-    "sign": _by_kind("({0} != {0} ? {0} : {T}(({0} > {T}(0)) - ({0} < {T}(0))))",
-                     "static_cast<{T}>(({0} > 0) - ({0} < 0))"),
+    # NOTE: eager's sign (and sgn) of NaN is 0 (ATen's (0 < a) - (a < 0)), and of -0.0 is +0.0
+    "sign": _by_kind("{T}(({0} > {T}(0)) - ({0} < {T}(0)))", "static_cast<{T}>(({0} > 0) - ({0} < 0))"),
     "sigmoid": _f("({T}(1) / ({T}(1) + lz_exp(-{0})))"),  # eager's formula, vectorized exp
     "rsqrt": _f("({T}(1) / std::sqrt({0}))"),
     "reciprocal": _f("({T}(1) / {0})"),
@@ -158,13 +167,20 @@ TEMPLATES: Dict[str, Callable[..., str]] = {
     "bitwise_and": _f("static_cast<{T}>({0} & {1})"), "bitwise_or": _f("static_cast<{T}>({0} | {1})"),
     "bitwise_xor": _f("static_cast<{T}>({0} ^ {1})"), "bitwise_not": _f("static_cast<{T}>(~{0})"),
     "lshift": _shift(left=True), "rshift": _shift(left=False),
+    "gcd": _f("lz_gcd<{T}>({0}, {1})"), "lcm": _f("lz_lcm<{T}>({0}, {1})"), "copysign": _f("std::copysign({0}, {1})"),
+    "hypot": _f("std::hypot({0}, {1})"),
+    # the argument's type is its own (floating), not T (bool); the builtins take any floating type
+    "isinf": _f("__builtin_isinf({0})"), "isfinite": _f("__builtin_isfinite({0})"),
+    "isposinf": _f("(__builtin_isinf({0}) && {0} > 0)"), "isneginf": _f("(__builtin_isinf({0}) && {0} < 0)"),
+    "signbit": _f("(__builtin_signbit({0}) != 0)"),
     "where": _f("({0} ? {1} : {2})"),
     "cast": _f("static_cast<{T}>({0})"),
     "index_checked": _f("lz_index_checked({0}, {1}, {2})"), "index_clamp": _f("lz_index_clamp({0}, {1})"),
     "iadd": _f("({0} + {1})"), "imul": _f("({0} * {1})"), "ifloordiv": _f("({0} / {1})"), "imod": _f("({0} % {1})"),
 }
 for _name in ("exp", "log", "tanh", "sqrt", "sin", "cos", "erf", "log1p", "expm1", "log2", "exp2", "floor", "ceil",
-              "trunc", "atan", "asin", "acos", "sinh", "cosh", "tan", "erfc", "log10"):
+              "trunc", "atan", "asin", "acos", "sinh", "cosh", "tan", "erfc", "log10", "acosh", "asinh", "atanh",
+              "lgamma"):
     TEMPLATES[_name] = _math(_name)
 for _name in cpp_math.VECTORIZED + ("sin", "cos"):
     TEMPLATES[_name] = _f(f"lz_{_name}({{0}})")  # vectorizable (Note [Vectorized math] in cpp_math.py)

@@ -59,10 +59,26 @@ def _unary(expr_op: str, float_only: bool = False, accepts: Callable[[torch.dtyp
     return lower
 
 
+def _integral_valued(expr_op: str) -> Callable[..., TVal]:
+    """floor, ceil, trunc, round: on integers eager returns a copy (bool raises: "not implemented for 'Bool'")."""
+    on_float = _unary(expr_op, float_only=True)
+
+    def lower(args: list, kwargs: dict, meta: tuple) -> TVal:
+        out = meta[1]
+        if out.is_floating_point:
+            return on_float(args, kwargs, meta)
+        if not _integer(out) or len(args) > 1 or kwargs.get("decimals", 0) != 0:
+            raise Unlowerable(f"{expr_op} on {out} with {args[1:]} {kwargs}")  # round(decimals=) raises on ints
+        return pointwise(lambda a: a, out, out, args[0])
+    return lower
+
+
 for _name in ("exp", "log", "tanh", "sigmoid", "sqrt", "rsqrt", "sin", "cos", "erf", "log1p", "expm1", "log2",
-              "exp2", "reciprocal", "floor", "ceil", "trunc", "atan", "asin", "acos", "sinh", "cosh", "tan", "erfc",
-              "log10", "round"):
+              "exp2", "reciprocal", "atan", "asin", "acos", "sinh", "cosh", "tan", "erfc", "log10", "acosh", "asinh",
+              "atanh", "lgamma"):
     register(f"aten.{_name}", f"prims.{_name}")(_unary(_name, float_only=True))
+for _name in ("floor", "ceil", "trunc", "round"):
+    register(f"aten.{_name}", f"prims.{_name}")(_integral_valued(_name))
 for _name in ("neg", "abs", "relu", "sign"):
     register(f"aten.{_name}", f"prims.{_name}")(_unary(_name))
 
@@ -72,7 +88,9 @@ def _round(args: list, kwargs: dict, meta: tuple) -> TVal:
     """round, and round.decimals as eager computes it: nearbyint(x * 10^d) / 10^d (d < 0: x / 10^-d, then *)."""
     decimals = kwargs.get("decimals", 0)
     out = meta[1]
-    if len(args) > 1 or not out.is_floating_point or type(decimals) is not int:
+    if not out.is_floating_point:
+        return _integral_valued("round")(args, kwargs, meta)
+    if len(args) > 1 or type(decimals) is not int:
         raise Unlowerable(f"round on {out} with decimals={decimals!r}")
     if decimals == 0:
         return pointwise(lambda a: kir.op("round", out, a), out, out, args[0])
@@ -117,6 +135,10 @@ register("aten.bitwise_and", "aten.__and__", "prims.bitwise_and")(_binary("bitwi
 register("aten.bitwise_or", "aten.__or__", "prims.bitwise_or")(_binary("bitwise_or", _integral))
 register("aten.bitwise_xor", "aten.__xor__", "prims.bitwise_xor")(_binary("bitwise_xor", _integral))
 register("aten.bitwise_not", "prims.bitwise_not")(_unary("bitwise_not", accepts=_integral))
+register("aten.gcd")(_binary("gcd", _integer))
+register("aten.lcm")(_binary("lcm", _integer))
+register("aten.copysign", "prims.copysign")(_binary("copysign", _floating))
+register("aten.hypot", "prims.hypot")(_binary("hypot", _floating))
 # Note [Shifts]: eager's lshift of an amount < 0 or >= the bit width is 0; rshift by such an amount (or by the
 # width - 1 for signed types) fills with the sign bit: codegen's lz_shl / lz_shr, from ATen's BinaryOpsKernel.cpp
 register("aten.bitwise_left_shift", "aten.__lshift__", "prims.shift_left")(_binary("lshift", _integer))
@@ -204,6 +226,27 @@ def _isnan(args: list, kwargs: dict, meta: tuple) -> TVal:
     return pointwise(lambda a: kir.op("ne", torch.bool, a, a), torch.bool, None, args[0])
 
 
+def _float_class(expr_op: str, on_integers: Callable[[kir.Expr], kir.Expr]) -> Callable[..., TVal]:
+    """A test of a float's class or sign bit (read from the input's own dtype: the sign of -0.0 and of a NaN
+    counts); integers and bool are finite, and negative only if signed and < 0."""
+    def lower(args: list, kwargs: dict, meta: tuple) -> TVal:
+        x = args[0]
+        if not isinstance(x, TVal) or len(args) > 1 or kwargs:
+            raise Unlowerable(f"{expr_op} of {x!r}")
+        if x.dtype.is_floating_point:
+            return pointwise(lambda a: kir.op(expr_op, torch.bool, a), torch.bool, None, x)
+        return pointwise(on_integers, torch.bool, None, x)
+    return lower
+
+
+register("aten.isinf")(_float_class("isinf", lambda a: kir.const(False, torch.bool)))
+register("aten.isposinf")(_float_class("isposinf", lambda a: kir.const(False, torch.bool)))
+register("aten.isneginf")(_float_class("isneginf", lambda a: kir.const(False, torch.bool)))
+register("aten.isfinite")(_float_class("isfinite", lambda a: kir.const(True, torch.bool)))
+register("aten.signbit", "prims.signbit")(_float_class("signbit", lambda a: kir.op(
+    "lt", torch.bool, a, kir.const(0, a.dtype))))
+
+
 @register("aten.where", "prims.where")
 def _where(args: list, kwargs: dict, meta: tuple) -> TVal:
     out = meta[1]
@@ -271,6 +314,37 @@ def _gelu(args: list, kwargs: dict, meta: tuple) -> TVal:
     return pointwise(lambda a: kir.op(name, out, a), out, out, args[0])
 
 
+@register("aten.softshrink")
+def _softshrink(args: list, kwargs: dict, meta: tuple) -> TVal:
+    """x - l above l, x + l below -l, else x * 0 as eager's scalar loop (NaN stays NaN, -0.0 and -0.3 give -0.0;
+    eager's vectorized loop computes x - clamp(x, -l, l), +0.0 there: a sign of zero assert_close ignores)."""
+    out = meta[1]
+    lambd = args[1] if len(args) > 1 else kwargs.get("lambd", 0.5)
+    if not out.is_floating_point:
+        raise Unlowerable(f"softshrink on {out}")
+
+    def fn(x: kir.Expr, lam: kir.Expr) -> kir.Expr:
+        low = kir.op("neg", out, lam)
+        inner = kir.op("where", out, kir.op("lt", torch.bool, x, low), kir.op("add", out, x, lam),
+                       kir.op("mul", out, x, kir.const(0, out)))
+        return kir.op("where", out, kir.op("gt", torch.bool, x, lam), kir.op("sub", out, x, lam), inner)
+    return pointwise(fn, out, out, args[0], lambd)
+
+
+@register("aten.xlogy", "aten.special_xlogy")
+def _xlogy(args: list, kwargs: dict, meta: tuple) -> TVal:
+    """x * log(y), 0 where x == 0 unless y is NaN (eager's order of the two tests)."""
+    out = meta[1]
+    if not out.is_floating_point:
+        raise Unlowerable(f"xlogy on {out}")
+
+    def fn(x: kir.Expr, y: kir.Expr) -> kir.Expr:
+        product = kir.op("where", out, kir.op("eq", torch.bool, x, kir.const(0, out)), kir.const(0, out),
+                         kir.op("mul", out, x, kir.op("log", out, y)))
+        return kir.op("where", out, kir.op("ne", torch.bool, y, y), y, product)
+    return pointwise(fn, out, out, args[0], args[1])
+
+
 @register("aten.silu")
 def _silu(args: list, kwargs: dict, meta: tuple) -> TVal:
     out = meta[1]
@@ -307,7 +381,7 @@ LOWERINGS["aten.addcdiv"] = _addc_of("truediv")
 # ---- casts, copies and constants -------------------------------------------------------------------------------
 
 @register("aten._to_copy", "prims.convert_element_type", "aten.clone", "aten.alias", "aten.lift_fresh_copy",
-          "aten.detach", "aten.contiguous", "aten.to", "aten._conj", "aten.positive")
+          "aten.detach", "aten.contiguous", "aten.to", "aten._conj", "aten.positive", "aten.conj_physical")
 def _copy(args: list, kwargs: dict, meta: tuple) -> TVal:
     x = args[0]
     if not isinstance(x, TVal):
