@@ -29,8 +29,12 @@ def _bool(text: str) -> bool:
 KNOBS = (
     Knob("backing_device", "cpu", "LAZY_BACKING_DEVICE",
          "Device that runs compiled graphs and holds synced data: 'cpu' or 'cuda[:N]'."),
-    Knob("compiler", "reference", "LAZY_COMPILER",
-         "How graphs are compiled: 'reference' (each node through ATen) or 'cpp' (fused C++/OpenMP kernels)."),
+    Knob("compiler", "auto", "LAZY_COMPILER",
+         "How graphs are compiled: 'cpp' (fused C++/OpenMP kernels), 'reference' (each node through ATen), or "
+         "'auto' (cpp on a cpu backing device, reference elsewhere)."),
+    Knob("compile_after", 2, "LAZY_COMPILE_AFTER",
+         "With compiler 'auto': the execution of a graph that compiles it; the ones before run on the reference "
+         "executor (1: compile at the first execution; 2, the default: at the second).", int),
     Knob("cache_dir", "~/.cache/lazy", "LAZY_CACHE_DIR",
          "Directory of the persistent cache of generated sources and compiled libraries ('' disables it)."),
     Knob("cxx", "g++", "LAZY_CXX", "The C++ compiler the cpp backend runs."),

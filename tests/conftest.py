@@ -1,8 +1,21 @@
 """Shared fixtures: every test starts with zeroed lazy metrics and settled state."""
+import os
+
 import pytest
 import torch
 
 import lazy
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_disk_cache(tmp_path_factory):
+    """Compiled graphs go to a cache directory of this test session, not the user's ~/.cache/lazy (the default
+    compiler, 'auto', compiles graphs that run twice)."""
+    if "LAZY_CACHE_DIR" in os.environ:  # the caller chose one (CI may keep it between runs)
+        yield
+        return
+    with lazy.config.override(cache_dir=str(tmp_path_factory.mktemp("lazy-cache"))):
+        yield
 
 
 @pytest.fixture(autouse=True)

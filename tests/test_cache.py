@@ -92,3 +92,64 @@ def test_keys_are_exact_even_where_hashes_collide():
     for dim in (-1, -2, -1, -2):
         torch.testing.assert_close(x.to(L).sum(dim).cpu(), x.sum(dim))
     assert metrics.counter("compiles") == 2
+
+
+def _run_graph(x):
+    y = (x * 1.5).sin().sum(0)
+    lazy.mark_step()
+    return y.cpu()
+
+
+def test_auto_compiles_a_graph_at_its_second_execution(tmp_path, cpu_backing):
+    """Note [Tiered compilation]: with compiler='auto' on the cpu, the first execution of a graph runs on the
+    reference executor, the second compiles it (C++) and later ones run compiled; one graph, one compile."""
+    x = torch.randn(5, 3)
+    want = (x * 1.5).sin().sum(0)
+    with lazy.config.override(compiler="auto", compile_after=2, cache_dir=str(tmp_path)):
+        xl = x.to(L)
+        lazy.mark_step()
+        metrics.reset()
+        got = [_run_graph(xl)]
+        assert metrics.counter("compiles") == 1 and metrics.counter("kernels_launched") == 0
+        assert metrics.counter("cpp.compiles") == 0
+        got += [_run_graph(xl), _run_graph(xl)]
+        assert metrics.counter("graph_cache.tier_up") == 1 and metrics.counter("cpp.compiles") == 1
+        assert metrics.counter("compiles") == 1 and metrics.counter("graph_cache.hit") == 2
+        assert metrics.counter("kernels_launched") == 2
+    for g in got:
+        torch.testing.assert_close(g, want)
+
+
+def test_compile_after_one_or_an_explicit_compiler_compiles_at_the_first_execution(tmp_path, cpu_backing):
+    x = torch.randn(4, 2)
+    for settings in ({"compiler": "auto", "compile_after": 1}, {"compiler": "cpp", "compile_after": 3}):
+        with lazy.config.override(cache_dir=str(tmp_path), **settings):
+            xl = x.to(L)
+            lazy.mark_step()
+            graph_cache.clear()
+            metrics.reset()
+            torch.testing.assert_close(_run_graph(xl), (x * 1.5).sin().sum(0))
+            assert metrics.counter("kernels_launched") == 1, settings
+            assert metrics.counter("graph_cache.tier_up") == 0
+
+
+def test_compile_after_three_runs_twice_on_the_reference_executor(tmp_path, cpu_backing):
+    x = torch.randn(4, 2)
+    with lazy.config.override(compiler="auto", compile_after=3, cache_dir=str(tmp_path)):
+        xl = x.to(L)
+        lazy.mark_step()
+        graph_cache.clear()
+        metrics.reset()
+        launched = []
+        for _ in range(4):
+            _run_graph(xl)
+            launched.append(metrics.counter("kernels_launched"))
+        assert launched == [0, 0, 1, 2] and metrics.counter("graph_cache.tier_up") == 1
+
+
+def test_auto_picks_the_compiler_by_backing_device():
+    with lazy.config.override(compiler="auto"):
+        assert graph_cache.backend_for(torch.device("cpu")) == "cpp"
+        assert graph_cache.backend_for(torch.device("cuda", 0)) == "reference"  # no GPU compiler yet
+    with lazy.config.override(compiler="reference"):
+        assert graph_cache.backend_for(torch.device("cpu")) == "reference"

@@ -32,32 +32,86 @@ def compiler_for(backend: str) -> Callable[[Linearized, torch.device], Any]:
             from ..runtime.reference import compile_reference
             _COMPILERS["reference"] = compile_reference
         else:
-            raise ValueError(f"lazy.config.compiler is {backend!r}; use 'reference' or 'cpp' (LAZY_COMPILER)")
+            raise ValueError(f"lazy.config.compiler is {backend!r}; use 'auto', 'cpp' or 'reference' (LAZY_COMPILER)")
     return _COMPILERS[backend]
 
 
-def lookup(lin: Linearized, device: torch.device) -> tuple:
-    """(program, hit) for this graph on ``device``, compiling on a miss."""
+# Note [Tiered compilation]
+# A graph runs on the reference executor (one ATen call per node: no compile cost, eager's exact numerics) until its
+# ``config.compile_after``-th execution, which compiles it with the chosen compiler (C++ for a cpu backing device)
+# and runs compiled from then on, as TorchScript's profiling executor behind torch._lazy does. One-off graphs
+# (a print, an .item(), the first step of a training loop, whose optimizer creates its state) never pay a
+# compile; a training step's graph is compiled at its second step. The switch depends on the execution count
+# only (not on timing or on what the disk cache holds), so a run is reproducible, in a fresh process too.
+
+
+class _Warming:
+    """A graph executed fewer than ``config.compile_after`` times: its reference program and run count."""
+
+    __slots__ = ("program", "runs")
+
+    def __init__(self, program: Any) -> None:
+        self.program, self.runs = program, 1
+
+
+def backend_for(device: torch.device) -> str:
+    """The compiler that ``lazy.config.compiler`` names for graphs run on ``device``: 'auto' is the C++
+    compiler on the cpu and the reference executor elsewhere (no GPU compiler yet)."""
     backend = config.compiler
+    if backend == "auto":
+        return "cpp" if device.type == "cpu" else "reference"
+    return backend
+
+
+def lookup(lin: Linearized, device: torch.device) -> tuple:
+    """(program, hit) for this graph on ``device``, compiling on a miss. With ``compiler='auto'``, a graph is
+    compiled at its ``compile_after``-th execution (Note [Tiered compilation]); an explicit compiler compiles at
+    the first."""
+    backend = backend_for(device)
     key = (lin.key, device, backend)
-    program = _CACHE.get(key)
-    if program is not None:
+    entry = _CACHE.get(key)
+    if entry is not None:
         _CACHE.move_to_end(key)
         metrics.bump("graph_cache.hit")
+        if type(entry) is not _Warming:
+            return entry, True
+        entry.runs += 1
+        if entry.runs < config.compile_after:
+            return entry.program, True
+        metrics.bump("graph_cache.tier_up")
+        program = _CACHE[key] = _compile(backend, lin, device, key, TIER_UP)
         return program, True
     metrics.bump("graph_cache.miss")
+    if config.compiler == "auto" and backend != "reference" and config.compile_after > 1:
+        warming = _Warming(_compile("reference", lin, device, key, f"until run {config.compile_after}"))
+        _insert(key, warming)
+        return warming.program, False
+    program = _compile(backend, lin, device, key, "")
+    _insert(key, program)
+    return program, False
+
+
+TIER_UP = "tier-up"  # ``compiles`` counts new graphs (cache misses); a tier-up is counted as graph_cache.tier_up
+
+
+def _compile(backend: str, lin: Linearized, device: torch.device, key: Any, why: str) -> Any:
     start = time.perf_counter()
     program = compiler_for(backend)(lin, device)
     elapsed = time.perf_counter() - start
-    metrics.bump("compiles")
+    if why != TIER_UP:
+        metrics.bump("compiles")
     metrics.bump("compile_time_s", elapsed)
-    log(2, f"compiled a graph of {len(lin.order)} nodes in {elapsed * 1e3:.2f} ms ({program.backend})")
+    log(2, f"compiled a graph of {len(lin.order)} nodes in {elapsed * 1e3:.2f} ms ({program.backend}"
+           f"{', ' + why if why else ''})")
     _dump(program, key)
-    _CACHE[key] = program
+    return program
+
+
+def _insert(key: Any, entry: Any) -> None:
+    _CACHE[key] = entry
     while len(_CACHE) > config.graph_cache_size:
         _CACHE.popitem(last=False)
         metrics.bump("graph_cache.evicted")
-    return program, False
 
 
 def _dump(program: Any, key: Any) -> None:
