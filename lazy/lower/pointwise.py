@@ -7,6 +7,7 @@ promoted dtype of their operands. Expression op names are the renderer's table k
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict
 
 import torch
@@ -329,6 +330,53 @@ def _softshrink(args: list, kwargs: dict, meta: tuple) -> TVal:
                        kir.op("mul", out, x, kir.const(0, out)))
         return kir.op("where", out, kir.op("gt", torch.bool, x, lam), kir.op("sub", out, x, lam), inner)
     return pointwise(fn, out, out, args[0], lambd)
+
+
+def _elu_of(celu: bool) -> Callable[..., TVal]:
+    """eager's kernel: x * scale above 0, else expm1(x * input_scale) * (alpha * scale), the coefficients converted
+    to the compute type first; celu(x, alpha) is elu(x, alpha, 1, 1 / alpha), 1 / alpha in double. A direct
+    lowering: the decompositions multiply or divide runtime scalars, which a traced decomposition cannot keep as
+    runtime inputs (Note [Decompositions keep runtime scalars])."""
+    names = ("alpha",) if celu else ("alpha", "scale", "input_scale")
+
+    def lower(args: list, kwargs: dict, meta: tuple) -> TVal:
+        out = meta[1]
+        if not out.is_floating_point:
+            raise Unlowerable(f"elu on {out}")
+        coefs = [args[i + 1] if len(args) > i + 1 else kwargs.get(name, 1.0) for i, name in enumerate(names)]
+
+        def fn(x: kir.Expr, alpha: kir.Expr, *rest: kir.Expr) -> kir.Expr:
+            if celu:
+                one = kir.const(1.0, torch.float64)
+                scale, input_scale = one, kir.op("truediv", torch.float64, one, kir.cast(alpha, torch.float64))
+            else:
+                scale, input_scale = rest
+            x, alpha, scale, input_scale = (kir.cast(e, out) for e in (x, alpha, scale, input_scale))
+            negative = kir.op("mul", out, kir.op("expm1", out, kir.op("mul", out, x, input_scale)),
+                              kir.op("mul", out, alpha, scale))
+            return kir.op("where", out, kir.op("gt", torch.bool, x, kir.const(0, out)), kir.op("mul", out, x, scale),
+                          negative)
+        return pointwise(fn, out, None, args[0], *coefs)
+    return lower
+
+
+LOWERINGS["aten.elu"] = _elu_of(celu=False)
+LOWERINGS["aten.celu"] = _elu_of(celu=True)
+
+
+@register("aten.angle")
+def _angle(args: list, kwargs: dict, meta: tuple) -> TVal:
+    """The angle of a real number: pi below 0 (-inf too), 0 at or above (-0.0 too), NaN stays NaN."""
+    out = meta[1]
+    if not out.is_floating_point:
+        raise Unlowerable(f"angle on {out}")
+    pi = kir.const(math.pi, out)
+
+    def fn(x: kir.Expr) -> kir.Expr:
+        zero = kir.const(0, out)
+        return kir.op("where", out, kir.op("ne", torch.bool, x, x), x,
+                      kir.op("where", out, kir.op("lt", torch.bool, x, zero), pi, zero))
+    return pointwise(fn, out, out, args[0])
 
 
 @register("aten.xlogy", "aten.special_xlogy")
