@@ -372,4 +372,5 @@ def render(sched: Schedule, kernel_entries: bool = False) -> tuple:
     for k in (sched.kernels if kernel_entries else ()):
         parts.append(f'extern "C" int lz_kernel_{k.name}(void** P, const double* F, const int64_t* I) {{\n'
                      f"  lz_{k.name}(P, F, I);\n  int e = lz_err; lz_err = 0; return e;\n}}")
+    parts.append(cpp_math.definitions("\n".join(parts[1:])))  # the sin/cos its kernels call, if any
     return "\n\n".join(parts) + "\n", segments
