@@ -197,6 +197,14 @@ def test_float_pointwise_special_values(dtype):
     assert_lowered()
 
 
+def test_signbit_alone_compiles_in_every_float_dtype():
+    """A loop of only signbit vectorizes; g++ 12's __builtin_signbit then failed to compile over bfloat16 loads."""
+    xs = [torch.randn(64).to(dtype) for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)]
+    for x in xs:
+        check(lambda x: [x.signbit()], x)
+    assert_lowered()
+
+
 @pytest.mark.parametrize("dtype", INT_DTYPES + (torch.bool,), ids=str)
 def test_integer_pointwise(dtype):
     """floor/ceil/trunc/round of integers are copies; integers are finite and never inf; signbit is x < 0; sign;

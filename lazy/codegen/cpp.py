@@ -91,6 +91,9 @@ template <typename T> static inline T lz_ipow(T a, T b) {
   T r = 1;
   while (b) { if (b & 1) r = static_cast<T>(r * a); b = static_cast<T>(b / 2); a = static_cast<T>(a * a); }
   return r; }
+// NOTE: not __builtin_signbit: g++ 12 fails (unrecognizable insn) vectorizing it over bfloat16 loads
+static inline bool lz_signbit(float x) { uint32_t u; __builtin_memcpy(&u, &x, 4); return (u >> 31) != 0; }
+static inline bool lz_signbit(double x) { uint64_t u; __builtin_memcpy(&u, &x, 8); return (u >> 63) != 0; }
 // ATen's calc_gcd and lcm: |x| and a / g * b in C++'s promoted type, so int8's -128 and overflow wrap as there.
 // gcd(INT_MIN, INT_MIN + 1) is -1 there, and eager's INT_MIN / -1 then traps (SIGFPE): here it wraps to INT_MIN.
 template <typename T> static inline T lz_gcd(T a, T b) {
@@ -172,7 +175,7 @@ TEMPLATES: Dict[str, Callable[..., str]] = {
     # the argument's type is its own (floating), not T (bool); the builtins take any floating type
     "isinf": _f("__builtin_isinf({0})"), "isfinite": _f("__builtin_isfinite({0})"),
     "isposinf": _f("(__builtin_isinf({0}) && {0} > 0)"), "isneginf": _f("(__builtin_isinf({0}) && {0} < 0)"),
-    "signbit": _f("(__builtin_signbit({0}) != 0)"),
+    "signbit": _f("lz_signbit({0})"),
     "where": _f("({0} ? {1} : {2})"),
     "cast": _f("static_cast<{T}>({0})"),
     "index_checked": _f("lz_index_checked({0}, {1}, {2})"), "index_clamp": _f("lz_index_clamp({0}, {1})"),
