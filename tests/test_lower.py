@@ -184,16 +184,17 @@ FLOAT_SPECIALS = [float("nan"), -float("nan"), float("inf"), -float("inf"), 0.0,
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
 def test_float_pointwise_special_values(dtype):
     """Classes and sign bits of NaN, -NaN, +-inf, +-0 (signbit outputs check the signs assert_close ignores), sign
-    and sgn of NaN (0, as eager), copysign, hypot, xlogy at x == 0 and y NaN, inverse hyperbolics, lgamma,
+    and sgn of NaN (0, as eager), copysign, hypot, xlogy/xlog1py at x == 0 and y NaN, inverse hyperbolics, lgamma,
     softshrink, elu/selu/celu and angle, in every float dtype (half precision computed in float, rounded once)."""
     x = torch.tensor(FLOAT_SPECIALS).to(dtype)
     y = x.flip(0)
     check(lambda x, y: [x.isinf(), x.isfinite(), x.isposinf(), x.isneginf(), x.signbit(), x.sign(), torch.sgn(x),
                         torch.copysign(x, y), torch.copysign(x, y).signbit(), torch.copysign(x, -1.0), x.acosh(),
                         x.asinh(), x.atanh(), x.lgamma(), torch.hypot(x, y), torch.xlogy(x, y), torch.xlogy(0.0, y),
-                        torch.xlogy(x, 2.0), F.softshrink(x, 0.5), F.softshrink(x.t()), x.conj_physical(),
-                        x[:, ::3].isinf(), x[:, 1:].isneginf(), F.elu(x), F.elu(x, 0.5).signbit(), F.selu(x),
-                        F.celu(x, 2.0), torch.angle(x)], x[None], y[None])
+                        torch.xlogy(x, 2.0), torch.special.xlog1py(x, y), torch.special.xlog1py(0.0, y),
+                        F.softshrink(x, 0.5), F.softshrink(x.t()), x.conj_physical(), x[:, ::3].isinf(),
+                        x[:, 1:].isneginf(), F.elu(x), F.elu(x, 0.5).signbit(), F.selu(x), F.celu(x, 2.0),
+                        torch.angle(x)], x[None], y[None])
     assert_lowered()
 
 

@@ -379,18 +379,23 @@ def _angle(args: list, kwargs: dict, meta: tuple) -> TVal:
     return pointwise(fn, out, out, args[0])
 
 
-@register("aten.xlogy", "aten.special_xlogy")
-def _xlogy(args: list, kwargs: dict, meta: tuple) -> TVal:
-    """x * log(y), 0 where x == 0 unless y is NaN (eager's order of the two tests)."""
-    out = meta[1]
-    if not out.is_floating_point:
-        raise Unlowerable(f"xlogy on {out}")
+def _xlog_of(log_op: str) -> Callable[..., TVal]:
+    """x * log(y) (xlogy) or x * log1p(y) (xlog1py): 0 where x == 0 unless y is NaN (eager's order of the tests)."""
+    def lower(args: list, kwargs: dict, meta: tuple) -> TVal:
+        out = meta[1]
+        if not out.is_floating_point:
+            raise Unlowerable(f"{log_op} product on {out}")
 
-    def fn(x: kir.Expr, y: kir.Expr) -> kir.Expr:
-        product = kir.op("where", out, kir.op("eq", torch.bool, x, kir.const(0, out)), kir.const(0, out),
-                         kir.op("mul", out, x, kir.op("log", out, y)))
-        return kir.op("where", out, kir.op("ne", torch.bool, y, y), y, product)
-    return pointwise(fn, out, out, args[0], args[1])
+        def fn(x: kir.Expr, y: kir.Expr) -> kir.Expr:
+            product = kir.op("where", out, kir.op("eq", torch.bool, x, kir.const(0, out)), kir.const(0, out),
+                             kir.op("mul", out, x, kir.op(log_op, out, y)))
+            return kir.op("where", out, kir.op("ne", torch.bool, y, y), y, product)
+        return pointwise(fn, out, out, args[0], args[1])
+    return lower
+
+
+register("aten.xlogy", "aten.special_xlogy")(_xlog_of("log"))
+register("aten.special_xlog1py")(_xlog_of("log1p"))
 
 
 @register("aten.silu")
