@@ -198,6 +198,18 @@ def test_float_pointwise_special_values(dtype):
     assert_lowered()
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_erfinv_to_the_tails(dtype):
+    """erfinv over (-1, 1), up to 1 - 1e-16 from both ends (where Newton on erf alone stalls), and its special
+    values: +-1 -> +-inf, |y| > 1 and NaN -> NaN, +-0 -> +-0 (the sign of a NaN result is not compared: eager's
+    depends on the dtype)."""
+    tails = torch.logspace(-16, -1, 60, dtype=torch.float64)
+    y = torch.cat([torch.linspace(-1, 1, 2001, dtype=torch.float64), 1 - tails, tails - 1,
+                   torch.tensor([0.0, -0.0, float("nan"), 1.5, -7.0, float("inf"), 1e-300])]).to(dtype)
+    check(lambda y: [torch.erfinv(y), torch.erfinv(y).signbit() & ~y.isnan() & (y.abs() <= 1)], y)
+    assert_lowered()
+
+
 def test_signbit_alone_compiles_in_every_float_dtype():
     """A loop of only signbit vectorizes; g++ 12's __builtin_signbit then failed to compile over bfloat16 loads."""
     xs = [torch.randn(64).to(dtype) for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)]

@@ -91,6 +91,33 @@ template <typename T> static inline T lz_ipow(T a, T b) {
   T r = 1;
   while (b) { if (b & 1) r = static_cast<T>(r * a); b = static_cast<T>(b / 2); a = static_cast<T>(a * a); }
   return r; }
+// erfinv: M. Giles' single-precision guess ("Approximating the erfinv function", GPU Computing Gems, 2010), then
+// Newton steps in double on erf, and in the tails (|y| > 0.5) on log(erfc), which stays exact where erf(x) rounds
+// to 1 and converges where erfc(x) ~ exp(-x^2) would creep: within 1e-15 of eager's up to |y| = 1 - 2^-53
+template <typename T> static inline T lz_erfinv(T v) {
+  const double y = v, a = y < 0 ? -y : y;
+  if (y != y) return v;
+  if (!(a < 1.0)) return a == 1.0 ? T(std::copysign(std::numeric_limits<double>::infinity(), y))
+                                  : std::numeric_limits<T>::quiet_NaN();
+  double w = -std::log((1.0 - a) * (1.0 + a)), p;
+  if (w < 5.0) {
+    w -= 2.5;
+    p = 2.81022636e-08; p = 3.43273939e-07 + p * w; p = -3.5233877e-06 + p * w; p = -4.39150654e-06 + p * w;
+    p = 0.00021858087 + p * w; p = -0.00125372503 + p * w; p = -0.00417768164 + p * w; p = 0.246640727 + p * w;
+    p = 1.50140941 + p * w;
+  } else {
+    w = std::sqrt(w) - 3.0;
+    p = -0.000200214257; p = 0.000100950558 + p * w; p = 0.00134934322 + p * w; p = -0.00367342844 + p * w;
+    p = 0.00573950773 + p * w; p = -0.0076224613 + p * w; p = 0.00943887047 + p * w; p = 1.00167406 + p * w;
+    p = 2.83297682 + p * w;
+  }
+  double x = p * a;
+  for (int i = 0; i < 4; ++i) {
+    const double d = 0x1.20dd750429b6dp+0 * std::exp(-x * x);  // 2 / sqrt(pi) e^-x^2
+    if (a > 0.5) { const double e = std::erfc(x); x += (std::log(e) - std::log1p(-a)) * e / d; }
+    else { x -= (std::erf(x) - a) / d; }
+  }
+  return T(std::copysign(x, y)); }
 // NOTE: not __builtin_signbit: g++ 12 fails (unrecognizable insn) vectorizing it over bfloat16 loads
 static inline bool lz_signbit(float x) { uint32_t u; __builtin_memcpy(&u, &x, 4); return (u >> 31) != 0; }
 static inline bool lz_signbit(double x) { uint64_t u; __builtin_memcpy(&u, &x, 8); return (u >> 63) != 0; }
@@ -171,7 +198,7 @@ TEMPLATES: Dict[str, Callable[..., str]] = {
     "bitwise_xor": _f("static_cast<{T}>({0} ^ {1})"), "bitwise_not": _f("static_cast<{T}>(~{0})"),
     "lshift": _shift(left=True), "rshift": _shift(left=False),
     "gcd": _f("lz_gcd<{T}>({0}, {1})"), "lcm": _f("lz_lcm<{T}>({0}, {1})"), "copysign": _f("std::copysign({0}, {1})"),
-    "hypot": _f("std::hypot({0}, {1})"),
+    "hypot": _f("std::hypot({0}, {1})"), "erfinv": _f("lz_erfinv<{T}>({0})"),
     # the argument's type is its own (floating), not T (bool); the builtins take any floating type
     "isinf": _f("__builtin_isinf({0})"), "isfinite": _f("__builtin_isfinite({0})"),
     "isposinf": _f("(__builtin_isinf({0}) && {0} > 0)"), "isneginf": _f("(__builtin_isinf({0}) && {0} < 0)"),

@@ -76,7 +76,7 @@ def _integral_valued(expr_op: str) -> Callable[..., TVal]:
 
 for _name in ("exp", "log", "tanh", "sigmoid", "sqrt", "rsqrt", "sin", "cos", "erf", "log1p", "expm1", "log2",
               "exp2", "reciprocal", "atan", "asin", "acos", "sinh", "cosh", "tan", "erfc", "log10", "acosh", "asinh",
-              "atanh", "lgamma"):
+              "atanh", "lgamma", "erfinv"):
     register(f"aten.{_name}", f"prims.{_name}")(_unary(_name, float_only=True))
 for _name in ("floor", "ceil", "trunc", "round"):
     register(f"aten.{_name}", f"prims.{_name}")(_integral_valued(_name))
