@@ -206,7 +206,7 @@ LZ_INL double lz_trig_fast_f(double x, const int64_t cosine) {{
 # the same. Measured on 1 thread: 0.7 vs 2.0 ns per element on independent values, 1.4 vs 2.7 ns in a chain of
 # dependent sines (the pointwise chain's case: it waits on each call's latency); a vector with a large lane costs
 # ~3 ns. Accuracy: within 1 ulp of the correctly rounded value for every float32 (checked exhaustively against
-# libm's double sin/cos), correctly rounded for all but ~1 in 10^6 below the bound (the exact path: 1 in 10^8).
+# libm's double sin/cos rounded once), not correctly rounded for 50 of the 2^33 (the exact path: ~1 in 10^8).
 # How it is wired:
 # - Under -mprefer-vector-width=512, g++ calls only the 'e' (AVX-512) clone of length 16: tests/test_cpp_math.py
 #   checks the calls of a compiled loop. (With 256-bit vectors it would find no usable clone and call the scalar.)
