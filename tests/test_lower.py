@@ -210,6 +210,18 @@ def test_erfinv_to_the_tails(dtype):
     assert_lowered()
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_digamma(dtype):
+    """digamma and polygamma(0, .) around its poles and roots, far out on both sides, and at eager's special values:
+    +-0 -> -+inf, negative integers and -inf -> NaN, inf -> inf."""
+    x = torch.cat([torch.linspace(-12, 12, 4801, dtype=torch.float64), torch.logspace(-30, 30, 61, dtype=torch.float64),
+                   -torch.logspace(-30, 15, 46, dtype=torch.float64) - 0.25,
+                   torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf"), -1.0, -7.0, 1.4616321449683622])
+                   ]).to(dtype)
+    check(lambda x: [torch.digamma(x), torch.polygamma(0, x), torch.special.psi(x[::7])], x)
+    assert_lowered()
+
+
 def test_signbit_alone_compiles_in_every_float_dtype():
     """A loop of only signbit vectorizes; g++ 12's __builtin_signbit then failed to compile over bfloat16 loads."""
     xs = [torch.randn(64).to(dtype) for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)]

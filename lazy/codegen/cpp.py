@@ -118,6 +118,23 @@ template <typename T> static inline T lz_erfinv(T v) {
     else { x -= (std::erf(x) - a) / d; }
   }
   return T(std::copysign(x, y)); }
+// digamma in double: psi(x) = psi(1 - x) - pi / tan(pi x) below 0 (pi times the fraction of x, which tan takes
+// exactly), psi(x) = psi(x + 1) - 1 / x up to 10, then ln x - 1 / (2x) - sum B_2k / (2k x^2k). As eager: +-0 gives
+// -+inf, negative integers and -inf give NaN
+template <typename T> static inline T lz_digamma(T v) {
+  double x = v, result = 0.0;
+  if (x == 0.0) return T(std::copysign(std::numeric_limits<double>::infinity(), -x));
+  if (x < 0.0) {
+    const double whole = std::trunc(x);
+    if (x == whole) return std::numeric_limits<T>::quiet_NaN();
+    result = -0x1.921fb54442d18p+1 / std::tan(0x1.921fb54442d18p+1 * (x - whole));
+    x = 1.0 - x;
+  }
+  while (x < 10.0) { result -= 1.0 / x; x += 1.0; }
+  const double z = 1.0 / (x * x);
+  const double series = z * (1.0 / 12 - z * (1.0 / 120 - z * (1.0 / 252 - z * (1.0 / 240 - z * (1.0 / 132 - z * (
+      691.0 / 32760 - z / 12))))));
+  return T(result + std::log(x) - 0.5 / x - series); }
 // NOTE: not __builtin_signbit: g++ 12 fails (unrecognizable insn) vectorizing it over bfloat16 loads
 static inline bool lz_signbit(float x) { uint32_t u; __builtin_memcpy(&u, &x, 4); return (u >> 31) != 0; }
 static inline bool lz_signbit(double x) { uint64_t u; __builtin_memcpy(&u, &x, 8); return (u >> 63) != 0; }
@@ -199,6 +216,7 @@ TEMPLATES: Dict[str, Callable[..., str]] = {
     "lshift": _shift(left=True), "rshift": _shift(left=False),
     "gcd": _f("lz_gcd<{T}>({0}, {1})"), "lcm": _f("lz_lcm<{T}>({0}, {1})"), "copysign": _f("std::copysign({0}, {1})"),
     "hypot": _f("std::hypot({0}, {1})"), "erfinv": _f("lz_erfinv<{T}>({0})"),
+    "digamma": _f("lz_digamma<{T}>({0})"),
     # the argument's type is its own (floating), not T (bool); the builtins take any floating type
     "isinf": _f("__builtin_isinf({0})"), "isfinite": _f("__builtin_isfinite({0})"),
     "isposinf": _f("(__builtin_isinf({0}) && {0} > 0)"), "isneginf": _f("(__builtin_isinf({0}) && {0} < 0)"),

@@ -76,7 +76,7 @@ def _integral_valued(expr_op: str) -> Callable[..., TVal]:
 
 for _name in ("exp", "log", "tanh", "sigmoid", "sqrt", "rsqrt", "sin", "cos", "erf", "log1p", "expm1", "log2",
               "exp2", "reciprocal", "atan", "asin", "acos", "sinh", "cosh", "tan", "erfc", "log10", "acosh", "asinh",
-              "atanh", "lgamma", "erfinv"):
+              "atanh", "lgamma", "erfinv", "digamma"):
     register(f"aten.{_name}", f"prims.{_name}")(_unary(_name, float_only=True))
 for _name in ("floor", "ceil", "trunc", "round"):
     register(f"aten.{_name}", f"prims.{_name}")(_integral_valued(_name))
@@ -313,6 +313,15 @@ def _gelu(args: list, kwargs: dict, meta: tuple) -> TVal:
     if not out.is_floating_point:
         raise Unlowerable("gelu on integers")
     return pointwise(lambda a: kir.op(name, out, a), out, out, args[0])
+
+
+@register("aten.polygamma")
+def _polygamma(args: list, kwargs: dict, meta: tuple) -> TVal:
+    """polygamma(0, x) is digamma; higher orders stay extern calls."""
+    out = meta[1]
+    if args[0] != 0 or not out.is_floating_point or type(args[0]) is not int:
+        raise Unlowerable(f"polygamma of order {args[0]!r} on {out}")
+    return pointwise(lambda a: kir.op("digamma", out, a), out, out, args[1])
 
 
 @register("aten.softshrink")
