@@ -107,7 +107,9 @@ def run(n: int, reps: int) -> None:
         f()
     t_lazy, t_eager, t_tc = bench(lazy_step, reps), bench(lambda: chain(x), reps), bench(lambda: compiled(x), reps)
     elem = x.element_size() * x.numel()
-    lazy_bytes = sum(elem for s in program.steps if s[0] == "seg" for _ in s[1])
+    # a segment step is (kind, label, entry, allocs, ...): allocs are (buffer, shape, dtype) of its fresh tensors
+    lazy_bytes = sum(torch.Size(shape).numel() * dtype.itemsize
+                     for s in program.steps if s[0] == "seg" for _, shape, dtype in s[3])
     print(f"{n}x{n}: kernels={program.num_kernels} backend={program.backend}")
     print(f"  steady state  lazy {t_lazy * 1e3:9.3f} ms   eager {t_eager * 1e3:9.3f} ms   torch.compile "
           f"{t_tc * 1e3:9.3f} ms   eager/lazy {t_eager / t_lazy:5.2f}x   lazy/compile {t_lazy / t_tc:5.2f}x   ({load()})")
