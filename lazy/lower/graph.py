@@ -24,7 +24,8 @@ SHARED_INLINE_LIMIT = 48  # a value used twice is recomputed in each consumer on
 # NOTE: a transcendental function costs ~20 simple ops when vectorized, and a consumer may run it in a scalar loop
 # (a reduction body, a strided store): recomputing gelu's tanh in four consumers cost 4x a stored value's time.
 EXPENSIVE_OPS = {"exp", "log", "tanh", "erf", "sin", "cos", "log1p", "expm1", "sigmoid", "gelu", "gelu_tanh", "pow",
-                 "atan2", "log2", "exp2", "atan", "asin", "acos", "sinh", "cosh", "tan", "erfc", "log10"}
+                 "atan2", "log2", "exp2", "atan", "asin", "acos", "sinh", "cosh", "tan", "erfc", "log10", "acosh",
+                 "asinh", "atanh", "lgamma", "erfinv", "digamma", "hypot", "gcd", "lcm"}
 EXPENSIVE_COST = 24
 
 
