@@ -209,8 +209,8 @@ def _var(args: list, kwargs: dict, meta: tuple) -> TVal:
     """Two passes (mean, then the sum of squared deviations): sound in float without Welford."""
     x, dims = args[0], _dims(args[0], args[1])
     correction = args[2] if len(args) > 2 else kwargs.get("correction", 0)
-    if not isinstance(correction, (int, float)):
-        raise Unlowerable("var with a runtime correction")
+    if not isinstance(correction, (int, float, values.ScalarArg)):
+        raise Unlowerable(f"var with a correction of type {type(correction).__name__}")
     out = meta[1]
     n = 1
     for d in dims:
@@ -223,5 +223,9 @@ def _var(args: list, kwargs: dict, meta: tuple) -> TVal:
                                                                mean([ZERO if m == 1 else idx[off + k]
                                                                      for k, m in enumerate(mean.shape)])))
     sq = reduce("sum", centered, dims, False, torch.float64, lambda e: kir.op("mul", torch.float64, e, e))
-    denom = kir.const(max(n - correction, 0), torch.float64)
+    if isinstance(correction, values.ScalarArg):  # x.var(dim) records its correction as a runtime scalar
+        zero, f64 = kir.const(0, torch.float64), torch.float64
+        denom = kir.op("maximum", f64, kir.op("sub", f64, kir.const(n, f64), kir.cast(correction.expr(), f64)), zero)
+    else:
+        denom = kir.const(max(n - correction, 0), torch.float64)
     return TVal(sq.shape, out, lambda idx: kir.cast(kir.op("truediv", torch.float64, sq(idx), denom), out))
