@@ -167,3 +167,23 @@ def test_expensive_shared_value_is_stored_once():
     cheap = kir.op("add", torch.float32, kir.load(kir.Buffer(0, (8,), torch.float32), [v]), kir.const(1, torch.float32))
     assert recompute_cost(cheap) < SHARED_INLINE_LIMIT < recompute_cost(kir.op("tanh", torch.float32, kir.op(
         "exp", torch.float32, cheap)))
+
+
+def test_column_reductions_are_tiled():
+    """Note [Column reductions are tiled]: a kernel whose reduced loop is strided and whose output loop is
+    contiguous runs its output loop in blocks (``tile``); row reductions are not tiled; one kernel either way."""
+    x, w = torch.randn(300, 37), torch.randn(300)
+
+    def tile_of(fn, *inputs):
+        kernels, externs, program = run(fn, *inputs)
+        assert (kernels, externs) == (1, 0)
+        first = program.kernel_ir.splitlines()[0]
+        return first.split(" tile=")[1] if " tile=" in first else None
+
+    assert tile_of(lambda x: x.sum(0), x) == "x0"
+    assert tile_of(lambda x, w: (x * w[:, None]).sum(0), x, w) == "x0"  # w[r] is contiguous in r: x decides
+    assert tile_of(lambda x: x.softmax(0), x) is not None
+    assert tile_of(lambda x: x.t().sum(1), x) is not None  # a row sum of a transposed input
+    assert tile_of(lambda x: x.sum(1), x) is None
+    assert tile_of(lambda x: x.softmax(-1), x) is None
+    assert tile_of(lambda x: x.sum(), x) is None

@@ -9,11 +9,26 @@ iteration as a *stage*, before the *inner* loops that store the results: softmax
 whose row loop runs max, sum and the normalized store; (2) merges consecutive stores of the same shape that do
 not read each other into one kernel (horizontal fusion); (3) plans buffers: which step defines each one and after
 which step it is dead. A backend is asked for its limits through ``Limits``; the scheduler never imports one.
+
+Note [Column reductions are tiled]
+A reduction over a dim that is not contiguous in memory (a column sum, the bias gradient: ``x.sum(0)`` of an
+[N, C] tensor) reads its reduced loop with a large stride, so no backend can vectorize that loop. Its outputs,
+though, are adjacent: one of the kernel's outer loops moves through memory one element at a time. ``_tile`` makes
+such a loop the kernel's last outer loop and its ``tile``: the backend runs it in blocks of adjacent indices and
+puts the block innermost in every stage and store, so the reduced loop runs once per block, outside, and the
+block's outputs are computed side by side with one accumulator each (contiguous loads, a vector of accumulators).
+Each output still adds its elements one by one in the original order, so the results are those of the untiled
+loop, bit for bit. This is a loop-order decision over the kernel IR's index maps, made here and not in a renderer
+because every backend needs it (Triton: the tile is the block of outputs a program holds, with a loop over the
+reduced dim inside; C++: a block of lanes); how many indices a block holds is the backend's choice. A reduction
+whose reduced loop is contiguous (a row sum, softmax) is not tiled: how to vectorize a reduction along its own loop
+without reassociating it is a backend matter (codegen/cpp.py, Note [Reductions in lanes]; Triton reduces a block
+in a tree of its own).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..lower import kir
 from ..lower.graph import Extern, Lowered, Store
@@ -38,14 +53,17 @@ class Stage:
 
 
 class Kernel:
-    """A loop nest: ``outer`` loops, then ``stages``, then ``inner`` loops storing ``stores`` (buffer, index, value)."""
+    """A loop nest: ``outer`` loops, then ``stages``, then ``inner`` loops storing ``stores`` (buffer, index, value).
+    ``tile``: the last outer loop when it runs in blocks innermost in every stage and store (Note [Column reductions
+    are tiled]), else None."""
 
-    __slots__ = ("name", "outer", "inner", "stages", "stores", "work", "parallel")
+    __slots__ = ("name", "outer", "inner", "stages", "stores", "work", "parallel", "tile")
 
     def __init__(self, name: str, outer: List[Expr], inner: List[Expr], stages: List[Stage],
-                 stores: List[Tuple[kir.Buffer, Expr, Expr]], work: int, parallel: bool) -> None:
+                 stores: List[Tuple[kir.Buffer, Expr, Expr]], work: int, parallel: bool,
+                 tile: Optional[Expr] = None) -> None:
         self.name, self.outer, self.inner, self.stages, self.stores = name, outer, inner, stages, stores
-        self.work, self.parallel = work, parallel
+        self.work, self.parallel, self.tile = work, parallel, tile
 
     def buffers(self) -> List[kir.Buffer]:
         found: Dict[int, kir.Buffer] = {}
@@ -168,9 +186,32 @@ def _kernel(name: str, group: List[Store], limits: Limits) -> Kernel:
         for v, s in zip(vars_, buf.strides):
             idx = kir.iadd(idx, kir.imul(v, s))
         stores.append((buf, idx, e))
+    tile = _tile(outer, stages)
+    if tile is not None:
+        outer = [v for v in outer if v is not tile] + [tile]
     first = (outer or inner)
     parallel = work >= limits.parallel_threshold and bool(first) and first[0].args[1] > 1
-    return Kernel(name, outer, inner, stages, stores, work, parallel)
+    return Kernel(name, outer, inner, stages, stores, work, parallel, tile)
+
+
+def _stride(index: Expr, v: Expr) -> Optional[int]:
+    """How far ``index`` moves when ``v`` grows by one: a constant, or None where that depends on the indices."""
+    step = kir.iadd(kir.substitute(index, {v: kir.iadd(v, kir.const(1, kir.INDEX))}), kir.imul(index, -1))
+    return step.args[0] if step.op == "const" else None
+
+
+def _tile(outer: List[Expr], stages: List[Stage]) -> Optional[Expr]:
+    """The outer loop to tile (Note [Column reductions are tiled]): in a kernel where some stage reads its reduced
+    loop with a stride (neither 0 nor 1 element), an outer loop in which every load of the stages that depends on
+    it is contiguous; None if there is none."""
+    loads = [(s, e.args[1]) for s in stages for e in kir.walk(s.body) if e.op == "load"]
+    if not any(s.red.red_vars and _stride(i, s.red.red_vars[-1]) not in (0, 1, -1) for s, i in loads):
+        return None
+    for v in reversed(outer):
+        strides = [_stride(i, v) for _, i in loads if v in kir.free_vars(i)]
+        if v.args[1] > 1 and strides and all(st == 1 for st in strides):
+            return v
+    return None
 
 
 def format_schedule(sched: Schedule) -> str:
@@ -183,8 +224,9 @@ def format_schedule(sched: Schedule) -> str:
             lines.append(f"extern {step.name}({ins}) -> {outs}")
             continue
         loops = lambda vs: " ".join(f"{v.args[0]}<{v.args[1]}" for v in vs)  # noqa: E731
+        tile = f" tile={step.tile.args[0]}" if step.tile is not None else ""
         lines.append(f"kernel {step.name}: outer[{loops(step.outer)}] inner[{loops(step.inner)}] "
-                     f"work={step.work} parallel={step.parallel}")
+                     f"work={step.work} parallel={step.parallel}{tile}")
         for s in step.stages:
             lines.append(f" stage {s.red.kind} over {list(s.red.red_shape)}:")
             lines.append(kir.format_expr(s.body))
