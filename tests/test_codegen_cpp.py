@@ -163,3 +163,125 @@ def test_per_kernel_timing_under_debug_3(capsys):
     metrics.reset()
     (x.to("lazy") * 2.5).cpu()
     assert not [k for k in metrics.counters() if k.startswith("cpp.time.")]  # off unless asked for
+
+
+# ---- reductions (Note [Reductions in lanes] in lazy/codegen/cpp.py, Note [Column reductions are tiled] in
+# lazy/schedule/__init__.py) ----------------------------------------------------------------------------------------
+
+def _reduction_inputs(dtype):
+    """[37, 301]-shaped inputs (no size a multiple of any lane count), contiguous, transposed, sliced and broadcast,
+    and 0-size and 1-element ones; floating ones hold NaN and +-inf in some rows and columns, not in others."""
+    g = torch.Generator().manual_seed(0)
+
+    def make(*shape):
+        if dtype is torch.bool:
+            return torch.rand(shape, generator=g) > 0.5
+        if not dtype.is_floating_point:
+            return torch.randint(-60, 60, shape, generator=g).to(dtype)
+        return torch.randn(shape, generator=g).to(dtype)
+
+    x = make(37, 301)
+    if dtype.is_floating_point:
+        x[3, 10] = x[30, 20] = float("nan")
+        x[4, 200] = x[9, 20] = float("inf")
+        x[6, 0] = x[9, 21] = -float("inf")
+        x[7, :] = -float("inf")
+    return {"contiguous": x, "transposed": make(301, 37).t(), "sliced": make(80, 700)[3:77:2, 1:602:2],
+            "broadcast": make(301)[None].expand(37, 301), "column": make(37, 1).expand(37, 301),
+            "1x1": make(1, 1), "0x7": make(0, 7), "7x0": make(7, 0)}
+
+
+def _reduction_ops(dtype, case):
+    ops = {"sum0": lambda x: x.sum(0), "sum1": lambda x: x.sum(1), "sum": lambda x: x.sum(),
+           "amax0": lambda x: x.amax(0), "amax1": lambda x: x.amax(1), "amin0": lambda x: x.amin(0),
+           "amin1": lambda x: x.amin(1), "max": lambda x: x.max(), "min": lambda x: x.min(),
+           "prod1": lambda x: x.prod(1), "prod0": lambda x: x.prod(0), "sum1_keepdim": lambda x: x.sum(1, True) * 2}
+    if dtype.is_floating_point:
+        ops.update({"mean0": lambda x: x.mean(0), "mean1": lambda x: x.mean(1), "var1": lambda x: x.var(1),
+                    "std0": lambda x: x.std(0), "var": lambda x: x.var(), "softmax1": lambda x: x.softmax(1),
+                    "softmax0": lambda x: x.softmax(0), "log_softmax1": lambda x: x.log_softmax(1),
+                    "log_softmax0": lambda x: x.log_softmax(0)})
+        # NOTE: not over constant rows (broadcast along the normalized dim), where the mean is rounded to the dtype
+        # before x - mean (lowering of var_mean), which 1/sqrt(eps) magnifies; eager's x - mean is exactly 0 there.
+        if case != "column":
+            ops["layer_norm_rows"] = lambda x: torch.nn.functional.layer_norm(x, x.shape[1:])
+        if case != "broadcast":
+            ops["layer_norm_columns"] = lambda x: torch.nn.functional.layer_norm(x.t(), x.t().shape[1:])
+    return ops
+
+
+# NOTE: every op and layout for float32, int64 and bool; the other dtypes (which differ only in their loads,
+# stores and lane counts) on a few, to keep the default run short (one graph per dtype: ~10 s of decomposition
+# and g++ for float32's).
+_REDUCTION_SUBSET = ({"contiguous", "transposed", "sliced", "7x0"},
+                     {"sum0", "sum1", "amax1", "amin0", "prod1", "softmax1", "softmax0", "var1", "layer_norm_rows"})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
+                                   torch.int64, torch.bool])
+def test_reductions_match_eager(dtype):
+    """Row and column reductions (in lanes, tiled or sequential) on every layout of _reduction_inputs, in one graph:
+    eager's values within assert_close's tolerances for the dtype, eager's NaNs and infinities, no fallback."""
+    want, lz = {}, {}
+    every = dtype in (torch.float32, torch.int64, torch.bool)
+    for case, x in _reduction_inputs(dtype).items():
+        for name, op in _reduction_ops(dtype, case).items():
+            if not every and (case not in _REDUCTION_SUBSET[0] or name not in _REDUCTION_SUBSET[1]):
+                continue
+            # NOTE: eager multiplies floats in the input's dtype (float16 rows of 301: 2 % off the exact product);
+            # lazy in double, rounded once, so prod is checked against the product in double, rounded.
+            exact = name.startswith("prod") and dtype.is_floating_point
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # var(): degrees of freedom <= 0 (1x1)
+                    want[case, name] = op(x.double()).to(dtype) if exact else op(x)
+            except (RuntimeError, IndexError):  # eager refuses it (max of an empty tensor, amax over a 0-size dim)
+                continue
+            lz[case, name] = op(x.to("lazy"))
+    lazy.mark_step()
+    assert metrics.counter("compile_fallback") == 0 and metrics.counter("cpp.compiles") == 1
+    for key, got in lz.items():
+        torch.testing.assert_close(got.cpu(), want[key], equal_nan=True, msg=lambda m: f"{key}: {m}")
+
+
+def _vectorized_lane_loops(source, tmp_path):
+    """(lane loops, of which g++ vectorized): the loops under ``#pragma omp simd`` in ``source``'s kernels, and
+    those holding a line that -fopt-info-vec-optimized reports as a vectorized loop (it names a line of the body)."""
+    import subprocess
+
+    from lazy.runtime import cpp as runtime
+    path = tmp_path / "graph.cpp"
+    path.write_text(source)
+    flags = [f for f in runtime.FLAGS if f != "-shared"]
+    out = subprocess.run(["g++", *flags, "-c", "-fopt-info-vec-optimized", "-o", str(tmp_path / "graph.o"), str(path)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    reported = {int(line.split(":")[1]) for line in out.stderr.splitlines() if "loop vectorized" in line}
+    lines = source.splitlines()
+    loops, open_ = [], []
+    for i, line in enumerate(lines, 1):
+        if line.strip().startswith("for (") and line.endswith("{"):
+            open_.append((i, lines[i - 2].strip() == "#pragma omp simd"))
+        elif line.strip() == "}" and open_:
+            start, lanes = open_.pop()
+            if lanes:
+                loops.append((start, i))
+    assert loops
+    return loops, [(a, b) for a, b in loops if any(a <= n <= b for n in reported)]
+
+
+@pytest.mark.parametrize("case", ["softmax", "column_sum", "layer_norm"])
+def test_reduction_loops_vectorize(case, tmp_path):
+    """Note [Reductions in lanes], Note [Column reductions are tiled]: every lane loop of a softmax (max, then the
+    sum of exp(x - max), then the store), a column sum (the bias gradient) and a layer norm is vectorized."""
+    x, b = torch.randn(64, 1000), torch.randn(1000)
+    fn = {"softmax": lambda x, b: x.softmax(-1), "column_sum": lambda x, b: (x * 2).sum(0),
+          "layer_norm": lambda x, b: torch.nn.functional.layer_norm(x, (1000,), b, b)}[case]
+    got = fn(x.to("lazy"), b.to("lazy")).cpu()
+    torch.testing.assert_close(got, fn(x, b))
+    program = last_program()
+    assert program.num_kernels == 1
+    if case == "column_sum":
+        assert "tile=" in program.kernel_ir
+    loops, vectorized = _vectorized_lane_loops(program.source, tmp_path)
+    assert len(loops) >= (1 if case == "column_sum" else 2) and vectorized == loops, program.source
