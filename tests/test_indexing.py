@@ -1,7 +1,8 @@
 """Indexed loads under the cpp compiler (lazy/lower/indexing.py, Note [Indexed loads]): gather, advanced
 indexing, index_select, embedding, one-slot scatter, cat and constant padding lower to index maps (no extern
 call), agree with eager on ordinary, edge (0-size, 1-element), non-contiguous and broadcast inputs, and raise
-where eager raises on an index out of range."""
+where eager raises on an index out of range. The movement ops without an index tensor (flip, diagonal, repeat,
+roll, tril/triu, diagonal_scatter, the split and unbind family) equal eager exactly in every supported dtype."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -22,9 +23,9 @@ def externs() -> dict:
     return {k: v for k, v in metrics.counters().items() if k.startswith("extern.")}
 
 
-def check(fn, *inputs, allowed_externs=()):
-    """``fn`` on eager inputs and lazy copies in one graph: equal results, one compile, no fallback, and no
-    extern call but those named."""
+def check(fn, *inputs, allowed_externs=(), exact=False):
+    """``fn`` on eager inputs and lazy copies in one graph: equal results (bit for bit with ``exact``), one
+    compile, no fallback, and no extern call but those named."""
     want = fn(*inputs)
     want = want if isinstance(want, (list, tuple)) else [want]
     graph_cache.clear()
@@ -37,7 +38,7 @@ def check(fn, *inputs, allowed_externs=()):
     assert set(externs()) <= {f"extern.{e}" for e in allowed_externs}, externs()
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape
-        torch.testing.assert_close(g, w)
+        torch.testing.assert_close(g, w, **(dict(rtol=0, atol=0, equal_nan=True) if exact else {}))
 
 
 def test_gather_index_select_and_advanced_indexing():
@@ -129,3 +130,64 @@ def test_index_out_of_range_raises_like_eager(make):
         want = None
     if want is not None:
         torch.testing.assert_close(make(x.to("lazy"), torch.tensor([-1]).to("lazy")).cpu(), want)
+
+
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16, torch.int32,
+          torch.int64, torch.uint8, torch.bool)
+
+
+def _data(dtype, *shape, seed=0):
+    torch.manual_seed(seed)
+    return torch.testing.make_tensor(shape, dtype=dtype, device="cpu", low=-9, high=9)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_flip_diagonal_repeat_roll_tril_triu_move_data_exactly(dtype):
+    """Edge shapes (0-size, 1-element), negative dims and offsets, transposed, strided and expanded inputs, chains
+    with other views, and a reduction consumer: all in one graph, none an extern call."""
+    x, t = _data(dtype, 3, 4, 5), _data(dtype, 5, 3, seed=1).t()  # t: a non-contiguous leaf
+    one, empty, row = _data(dtype, 1, 1), _data(dtype, 0, 3), _data(dtype, 1, 4, seed=2).expand(3, 4)
+    dc = torch.diagonal_copy  # x.diagonal() is a view: a graph of its own when read
+
+    def fn(x, t, one, empty, row):
+        return [
+            x.flip(0), x.flip(-1, 0), x.transpose(0, 2).flip(1), t.flip(0), one.flip(0, 1), empty.flip(0),
+            row.flip(1), row.expand(2, 3, 4).flip(0, 2), x[:, ::2].flip(-2), torch.fliplr(t), torch.rot90(t),
+            dc(x), dc(x, 1, 1, 2), dc(x, -2, -1, -2), dc(x, 3, 0, 2), dc(x, 9), dc(t, -1), dc(one), dc(empty),
+            dc(row, 2), torch.diag(t), dc(x.flip(0)), dc(x.roll(1, 0), -1, 2, 0),
+            x.repeat(2, 1, 1), t.repeat(3, 1, 2), one.repeat(2, 3), empty.repeat(2, 2), row.repeat(1, 0),
+            x[0, 0].repeat(2), row.repeat(2, 1, 1), t.tile(2),
+            x.roll(1, 0), x.roll((-2, 7), (2, -2)), x.roll(2), t.roll(-4), t.roll((1, 1), (0, 0)), one.roll(1),
+            empty.roll(2, 1), row.roll(1, 1),
+            x.tril(), x.triu(1), t.tril(-1), t.triu(-2), one.triu(1), empty.tril(), row.triu(), x.tril(9),
+            torch.diagonal_scatter(x, x.diagonal(1, 0, 2).flip(-1), 1, 0, 2),
+            torch.diagonal_scatter(t, t.diagonal(-1) * 0, -1), torch.diagonal_scatter(t, t.diagonal(9), 9)]
+
+    check(fn, x, t, one, empty, row, exact=True)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16, torch.int64, torch.bool), ids=str)
+def test_split_and_unbind_copies(dtype):
+    """The copying and unsafe split/unbind forms are nodes with one (shape, dtype) per output: lowered to slices
+    and selects, 0-size pieces included."""
+    x, t = _data(dtype, 5, 4), _data(dtype, 4, 6, seed=1).t()
+
+    def fn(x, t):
+        # NOTE: unsafe_split's pieces are views of its input (as eager's): flipped here, so that no piece is read
+        # by a graph of its own
+        unsafe = [*torch.unsafe_split(x, 2, 1), *torch.unsafe_split_with_sizes(t, [3, 1], -1),
+                  *torch.unsafe_chunk(t, 3, 0), *torch.unsafe_split(x[:, :0], 2, 0)]
+        return [*torch.split_with_sizes_copy(x, [1, 0, 4]), *torch.unbind_copy(x, 1), *torch.unbind_copy(t.flip(0)),
+                *[p.flip(0) for p in unsafe]]
+
+    check(fn, x, t, exact=True)
+
+
+def test_movement_chains_feed_reductions():
+    """A reduction reads through flip, diagonal, repeat, roll, tril and a split piece: the index maps compose."""
+    g = torch.Generator().manual_seed(5)
+    x, s = torch.randn(4, 6, generator=g, dtype=torch.float64), torch.tensor(2.5)  # s: 0-dim
+    check(lambda x, s: [x.flip(1).diagonal(1).sum(), x.t().repeat(2, 1)[1:].sum(0), x.roll(3, 1).tril().amax(1),
+                        torch.unsafe_split(x.exp(), 4, 1)[1].sum(1), x.triu(-1).flip(0).cumsum(0)[-1],
+                        s.flip(0) * 2, s.roll(1) + 1, s.repeat(2, 3).sum(0)], x, s,
+          allowed_externs=("aten.cumsum.default",))

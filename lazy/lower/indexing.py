@@ -2,9 +2,11 @@
 
 Note [Indexed loads]
 gather, index (advanced indexing with integer index tensors), index_select, embedding, a scatter that writes one
-slot per row, slice_scatter, select_scatter, cat and constant_pad_nd move no data either (arange is here too):
-each output element loads one input element at an index computed from the output index and, for the gather
-family, from an element of an index tensor.
+slot per row, slice_scatter, select_scatter, diagonal_scatter, cat and constant_pad_nd move no data either
+(arange is here too): each output element loads one input element at an index computed from the output index and,
+for the gather family, from an element of an index tensor. So do flip, diagonal, repeat, roll, tril/triu and the
+multi-output views (split, unbind), whose index maps need no index tensor; their ``_copy`` and ``unsafe_`` forms
+(which eager computes into fresh tensors, and whose decompositions would end in an extern split) lower the same.
 - Eager raises on an index out of range; a kernel cannot. ``checked`` wraps a negative index where eager does
   (advanced indexing) and, for one out of range, loads element 0 and sets the kernel's error code, which the
   runtime raises as eager's error once the kernel returns (runtime/cpp.py).
@@ -13,10 +15,11 @@ family, from an element of an index tensor.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 
+from ..ir.layout import contiguous_stride
 from . import kir
 from .pointwise import register
 from .structure import ZERO
@@ -283,3 +286,198 @@ def _arange(args: list, kwargs: dict, meta: tuple) -> TVal:
         return kir.cast(kir.op("add", acc, kir.cast(first(()), acc), offset), out)
 
     return TVal(shape, out, fn)
+
+
+# ---- movement ops without an index tensor ------------------------------------------------------------------------
+
+def _tensor(x: object, what: str) -> TVal:
+    if not isinstance(x, TVal):
+        raise Unlowerable(f"{what} of a non-tensor")
+    check_dtype(x.dtype)
+    return x
+
+
+def _static_ints(v: object, what: str) -> List[int]:
+    """A static int or list of ints (a runtime scalar would change the index map per call: extern instead)."""
+    vs = list(v) if isinstance(v, (list, tuple)) else [v]
+    if not all(type(k) is int for k in vs):
+        raise Unlowerable(f"{what} with runtime arguments {v!r}")
+    return vs
+
+
+def _nothing(shape: Sequence[int], dtype: torch.dtype) -> TVal:
+    """A value with no elements: nothing is loaded (and index arithmetic modulo a 0 extent is undefined)."""
+    return TVal(shape, dtype, lambda idx: kir.const(0, dtype))
+
+
+def _arg(args: list, kwargs: dict, i: int, name: str, default: object) -> object:
+    return args[i] if len(args) > i else kwargs.get(name, default)
+
+
+@register("aten.flip", "prims.rev")
+def _flip(args: list, kwargs: dict, meta: tuple) -> TVal:
+    """out[..., i, ...] = x[..., n - 1 - i, ...] on each flipped dim."""
+    x = _tensor(args[0], "flip")
+    nd = len(x.shape)
+    dims = {norm_dim(d, nd) for d in _static_ints(_arg(args, kwargs, 1, "dims", []), "flip")}
+    if not nd:
+        return x
+    if 0 in x.shape:
+        return _nothing(x.shape, x.dtype)
+    last = {d: kir.const(x.shape[d] - 1, kir.INDEX) for d in dims}
+    return TVal(x.shape, x.dtype,
+                lambda idx: x([kir.iadd(last[d], kir.imul(i, -1)) if d in last else i for d, i in enumerate(idx)]))
+
+
+def _diagonal_args(args: list, kwargs: dict, first: int, nd: int) -> tuple:
+    """(offset, dim1, dim2) of diagonal / diagonal_scatter, whose arguments start at ``first``."""
+    offset = _arg(args, kwargs, first, "offset", 0)
+    dim1 = _arg(args, kwargs, first + 1, "dim1", 0)
+    dim2 = _arg(args, kwargs, first + 2, "dim2", 1)
+    offset, dim1, dim2 = _static_ints([offset, dim1, dim2], "diagonal")
+    return offset, norm_dim(dim1, nd), norm_dim(dim2, nd)
+
+
+@register("aten.diagonal", "aten.diagonal_copy")
+def _diagonal(args: list, kwargs: dict, meta: tuple) -> TVal:
+    """The diagonal (dim1, dim2) as a new last dim d: x[..., d + max(-offset, 0), ..., d + max(offset, 0), ...]."""
+    x = _tensor(args[0], "diagonal")
+    offset, dim1, dim2 = _diagonal_args(args, kwargs, 1, len(x.shape))
+    shape = tuple(meta[0])
+    if 0 in shape:
+        return _nothing(shape, x.dtype)
+    rest = [d for d in range(len(x.shape)) if d not in (dim1, dim2)]
+    lo1, lo2 = kir.const(max(-offset, 0), kir.INDEX), kir.const(max(offset, 0), kir.INDEX)
+
+    def fn(idx: Sequence[kir.Expr]) -> kir.Expr:
+        src: List[kir.Expr] = [ZERO] * len(x.shape)
+        for d, i in zip(rest, idx[:-1]):
+            src[d] = i
+        src[dim1], src[dim2] = kir.iadd(idx[-1], lo1), kir.iadd(idx[-1], lo2)
+        return x(src)
+
+    return TVal(shape, x.dtype, fn)
+
+
+@register("aten.diagonal_scatter")
+def _diagonal_scatter(args: list, kwargs: dict, meta: tuple) -> TVal:
+    """self with self.diagonal(offset, dim1, dim2) = src (the backward of diagonal, trace/views.py's write-back):
+    out = (idx[dim2] - idx[dim1] == offset) ? src[..., idx[dim1] - max(-offset, 0)] : self."""
+    x, src = _source(args[0]), _tensor(args[1], "diagonal_scatter")
+    offset, dim1, dim2 = _diagonal_args(args, kwargs, 2, len(x.shape))
+    n = src.shape[-1] if src.shape else 0
+    if n == 0:
+        return x
+    rest = [d for d in range(len(x.shape)) if d not in (dim1, dim2)]
+    at, lo1 = kir.const(offset, kir.INDEX), kir.const(-max(-offset, 0), kir.INDEX)
+
+    def fn(idx: Sequence[kir.Expr]) -> kir.Expr:
+        hit = kir.op("eq", torch.bool, kir.iadd(idx[dim2], kir.imul(idx[dim1], -1)), at)
+        d = clamped(kir.iadd(idx[dim1], lo1), n)  # off the diagonal the load is discarded: keep it in bounds
+        value = kir.cast(src([idx[k] for k in rest] + [d]), x.dtype)
+        return kir.op("where", x.dtype, hit, value, x(idx))
+
+    return TVal(meta[0], x.dtype, fn)
+
+
+@register("aten.repeat")
+def _repeat(args: list, kwargs: dict, meta: tuple) -> TVal:
+    """x tiled: the leading new dims are ignored, and each of x's dims reads i % size."""
+    x = _tensor(args[0], "repeat")
+    _static_ints(args[1], "repeat")
+    shape = tuple(meta[0])
+    if 0 in shape:
+        return _nothing(shape, x.dtype)
+    off = len(shape) - len(x.shape)
+    return TVal(shape, x.dtype, lambda idx: x([kir.imod(idx[off + d], n) for d, n in enumerate(x.shape)]))
+
+
+@register("aten.roll")
+def _roll(args: list, kwargs: dict, meta: tuple) -> TVal:
+    """out[i] = x[(i - shift) mod n] on each rolled dim; with no dims, the same on the row-major flat index."""
+    x = _tensor(args[0], "roll")
+    shifts = _static_ints(args[1], "roll")
+    dims = [norm_dim(d, len(x.shape)) for d in _static_ints(_arg(args, kwargs, 2, "dims", []), "roll")]
+    if 0 in x.shape or not x.shape:
+        return x
+    if not dims:
+        if len(shifts) != 1:
+            raise Unlowerable(f"roll of {len(shifts)} shifts without dims")
+        return _roll_flat(x, shifts[0])
+    if len(shifts) != len(dims):
+        raise Unlowerable(f"roll with {len(shifts)} shifts for {len(dims)} dims")
+    back = {}
+    for d, s in zip(dims, shifts):  # a dim named twice rolls twice, as eager
+        back[d] = (back.get(d, 0) - s) % x.shape[d]
+    return TVal(x.shape, x.dtype, lambda idx: x([kir.imod(kir.iadd(i, kir.const(back[d], kir.INDEX)), x.shape[d])
+                                                 if back.get(d) else i for d, i in enumerate(idx)]))
+
+
+def _roll_flat(x: TVal, shift: int) -> TVal:
+    """roll without dims: eager flattens, rolls and restores the shape."""
+    strides = contiguous_stride(x.shape)
+    total = strides[0] * x.shape[0]
+    back = kir.const((-shift) % total, kir.INDEX)
+
+    def fn(idx: Sequence[kir.Expr]) -> kir.Expr:
+        flat = ZERO
+        for i, s in zip(idx, strides):
+            flat = kir.iadd(flat, kir.imul(i, s))
+        flat = kir.imod(kir.iadd(flat, back), total)
+        return x([kir.imod(kir.ifloordiv(flat, s), n) for s, n in zip(strides, x.shape)])
+
+    return TVal(x.shape, x.dtype, fn)
+
+
+def _triangle(name: str, keep: str) -> Callable[..., TVal]:
+    """tril (keep 'le') / triu (keep 'ge'): x where (column - row) compares with the diagonal, else 0."""
+    def lower(args: list, kwargs: dict, meta: tuple) -> TVal:
+        x = _tensor(args[0], name)
+        if len(x.shape) < 2:
+            raise Unlowerable("tril/triu of fewer than 2 dims")
+        diagonal = operand(_arg(args, kwargs, 1, "diagonal", 0), ())
+        zero = kir.const(0, x.dtype)
+
+        def fn(idx: Sequence[kir.Expr]) -> kir.Expr:
+            above = kir.iadd(idx[-1], kir.imul(idx[-2], -1))
+            inside = kir.op(keep, torch.bool, above, kir.cast(diagonal(()), kir.INDEX))
+            return kir.op("where", x.dtype, inside, x(idx), zero)
+
+        return TVal(x.shape, x.dtype, fn)
+    return lower
+
+
+register("aten.tril")(_triangle("tril", "le"))
+register("aten.triu")(_triangle("triu", "ge"))
+
+
+# ---- multi-output views (the node's metas hold one (shape, dtype) per output) ------------------------------------
+
+@register("aten.split", "aten.split_with_sizes", "aten.split_copy", "aten.split_with_sizes_copy",
+          "aten.unsafe_split", "aten.unsafe_split_with_sizes")
+def _split(args: list, kwargs: dict, meta: tuple) -> List[TVal]:
+    """Consecutive slices along dim; their sizes are the outputs' (the recorder's shapes: eager's rule)."""
+    x = _tensor(args[0], "split")
+    dim = norm_dim(_static_ints(_arg(args, kwargs, 2, "dim", 0), "split")[0], len(x.shape))
+    _static_ints(args[1], "split")
+    outs, start = [], 0
+    for shape, _ in meta:
+        outs.append(_slice_of(x, dim, start, tuple(shape)))
+        start += shape[dim]
+    return outs
+
+
+def _slice_of(x: TVal, dim: int, start: int, shape: tuple) -> TVal:
+    if start == 0 and shape == x.shape:
+        return x
+    c = kir.const(start, kir.INDEX)
+    return TVal(shape, x.dtype, lambda idx: x(replaced(idx, dim, kir.iadd(idx[dim], c))))
+
+
+@register("aten.unbind", "aten.unbind_copy")
+def _unbind(args: list, kwargs: dict, meta: tuple) -> List[TVal]:
+    x = _tensor(args[0], "unbind")
+    dim = norm_dim(_static_ints(_arg(args, kwargs, 1, "dim", 0), "unbind")[0], len(x.shape))
+    consts = [kir.const(k, kir.INDEX) for k in range(len(meta))]
+    return [TVal(shape, x.dtype, lambda idx, c=c: x(list(idx[:dim]) + [c] + list(idx[dim:])))
+            for (shape, _), c in zip(meta, consts)]
