@@ -285,3 +285,14 @@ def test_reduction_loops_vectorize(case, tmp_path):
         assert "tile=" in program.kernel_ir
     loops, vectorized = _vectorized_lane_loops(program.source, tmp_path)
     assert len(loops) >= (1 if case == "column_sum" else 2) and vectorized == loops, program.source
+
+
+def test_float_arithmetic_is_not_contracted_into_fma():
+    """``x * a + b`` is two eager ops, each rounded; g++ contracts it into one FMA (rounded once) unless
+    -ffp-contract=off (runtime/cpp.py FLAGS). With it, a chain of multiplies and adds is bit-identical to eager."""
+    torch.manual_seed(0)
+    x = torch.randn(1000, 37)
+    want = (x * 1.01 + 0.1) * x - 0.3 * x
+    got = ((x.to("lazy") * 1.01 + 0.1) * x.to("lazy") - 0.3 * x.to("lazy")).cpu()
+    assert metrics.counter("kernels_launched") == 1
+    assert torch.equal(got, want), (got - want).abs().max()

@@ -33,10 +33,13 @@ from .reference import Program as ReferenceProgram
 from .reference import _plan as _plan_args
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-fno-trapping-math",
-         "-fwrapv") + (("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64") else ())
+         "-fwrapv", "-ffp-contract=off") + (("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64")
+                                            else ())
 # NOTE: no -ffast-math: results must match eager (NaN/inf semantics, no reassociation). -fno-math-errno only lets
 # sqrt & co. compile to instructions instead of libm calls that set errno; values are unchanged. -fwrapv: signed
 # integer overflow wraps, as eager's does (int64 mul, int32 add, abs/neg of INT_MIN), instead of being UB.
+# -ffp-contract=off: g++ would otherwise fuse ``x * a + b`` (two eager ops, each rounded) into one FMA (rounded
+# once), even in ISO mode; the math functions of cpp_math.py ask for their FMAs explicitly (__builtin_fma).
 # -fno-trapping-math only gives up the floating-point exception *flags* (nothing reads them; values, NaN/inf and
 # signed zeros are unchanged); without it g++ will not if-convert selects or vectorize floor/ceil, so the math of
 # cpp_math.py would stay scalar. -mprefer-vector-width=512: where AVX-512 exists, the kernels (compute-bound math)
