@@ -26,6 +26,15 @@ def fresh_metrics():
     yield
 
 
+@pytest.fixture(scope="module")
+def cpp_compiler(tmp_path_factory):
+    """Every graph of the module compiled by the C++ compiler at its first execution, on the cpu, with a disk cache
+    of its own (``pytestmark = pytest.mark.usefixtures("cpp_compiler")``)."""
+    cache = str(tmp_path_factory.mktemp("lazy-cache"))
+    with lazy.config.override(compiler="cpp", backing_device="cpu", cache_dir=cache):
+        yield
+
+
 @pytest.fixture
 def seeded():
     torch.manual_seed(0)

@@ -11,15 +11,7 @@ from lazy.debug import metrics
 from lazy.lower import pointwise
 
 
-@pytest.fixture(autouse=True, scope="module")
-def cpp_backend(tmp_path_factory):
-    cache = str(tmp_path_factory.mktemp("lazy-cache"))
-    with lazy.config.override(compiler="cpp", backing_device="cpu", cache_dir=cache):
-        yield
-
-
-def last_program():
-    return next(reversed(graph_cache._CACHE.values()))
+pytestmark = pytest.mark.usefixtures("cpp_compiler")
 
 
 def test_every_lowered_expression_op_has_a_template():
@@ -36,11 +28,11 @@ def test_every_lowered_expression_op_has_a_template():
 def test_parallel_only_when_large_and_scalars_are_arguments():
     small = torch.randn(16, 16).to("lazy")
     (small * 0.123456 + 1).cpu()
-    src = last_program().source
+    src = graph_cache.latest().source
     assert "omp parallel" not in src and "0.123456" not in src and "F[0]" in src
     big = torch.randn(512, 512).to("lazy")
     ((big * 2).exp() + big).cpu()
-    assert "#pragma omp parallel for" in last_program().source
+    assert "#pragma omp parallel for" in graph_cache.latest().source
 
 
 def test_program_interface():
@@ -48,7 +40,7 @@ def test_program_interface():
     y = (x0.to("lazy").softmax(1) * 2)
     metrics.reset()
     torch.testing.assert_close(y.cpu(), x0.softmax(1) * 2)
-    p = last_program()
+    p = graph_cache.latest()
     assert p.backend == "cpp" and p.num_kernels == 1 and "extern \"C\"" in p.source
     assert metrics.counter("kernels_compiled") == 1 and metrics.counter("kernels_launched") == 1
 
@@ -63,7 +55,7 @@ def test_compiler_failure_falls_back_with_one_warning():
     msgs = [str(w.message) for w in caught if "cpp backend" in str(w.message)]
     assert len(msgs) == 1 and "/nonexistent/c++" in msgs[0]
     assert metrics.counter("compile_fallback") == 1
-    assert last_program().backend == "reference"
+    assert graph_cache.latest().backend == "reference"
 
 
 def test_compiler_choice_follows_config_at_lookup():
@@ -71,9 +63,9 @@ def test_compiler_choice_follows_config_at_lookup():
     lazy.mark_step()
     with lazy.config.override(compiler="reference"):
         (x + 1).cpu()
-        assert last_program().backend == "reference"
+        assert graph_cache.latest().backend == "reference"
     (x + 1).cpu()
-    assert last_program().backend == "cpp"
+    assert graph_cache.latest().backend == "cpp"
     assert metrics.counter("graph_cache.miss") == 2
 
 
@@ -146,7 +138,7 @@ def test_arena_temporaries_and_fresh_outputs(keep, monkeypatch):
             firsts = [g.clone() for g in got]
     for g, e in zip(firsts, want):
         torch.testing.assert_close(g, e)  # earlier results are not overwritten by later runs
-    prog = last_program()
+    prog = graph_cache.latest()
     assert prog.backend == "cpp" and prog.keep_arena == keep and prog.arena_slots
     assert bool(prog.arena_views) == keep
 
@@ -279,7 +271,7 @@ def test_reduction_loops_vectorize(case, tmp_path):
           "layer_norm": lambda x, b: torch.nn.functional.layer_norm(x, (1000,), b, b)}[case]
     got = fn(x.to("lazy"), b.to("lazy")).cpu()
     torch.testing.assert_close(got, fn(x, b))
-    program = last_program()
+    program = graph_cache.latest()
     assert program.num_kernels == 1
     if case == "column_sum":
         assert "tile=" in program.kernel_ir

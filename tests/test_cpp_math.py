@@ -17,15 +17,7 @@ from lazy.debug import metrics
 from lazy.runtime import cpp as runtime
 
 
-@pytest.fixture(autouse=True, scope="module")
-def cpp_backend(tmp_path_factory):
-    cache = str(tmp_path_factory.mktemp("lazy-cache"))
-    with lazy.config.override(compiler="cpp", backing_device="cpu", cache_dir=cache):
-        yield
-
-
-def last_program():
-    return next(reversed(graph_cache._CACHE.values()))
+pytestmark = pytest.mark.usefixtures("cpp_compiler")
 
 
 MATH_FNS = ("exp", "expm1", "log", "log1p", "tanh", "sigmoid", "sin", "cos", "erf")
@@ -71,7 +63,7 @@ def test_vectorized_math_matches_eager(name, dtype):
     fn = getattr(torch, name)
     got = fn(x.to("lazy")).cpu()
     assert metrics.counter("compile_fallback") == 0 and not [k for k in metrics.counters() if k.startswith("extern.")]
-    assert "lz_" + ("exp" if name == "sigmoid" else name) in last_program().source
+    assert "lz_" + ("exp" if name == "sigmoid" else name) in graph_cache.latest().source
     want = fn(x)
     fi = torch.finfo(dtype)
     torch.testing.assert_close(got, want, rtol=4 * fi.eps, atol=4 * fi.tiny * fi.eps, equal_nan=True)
@@ -241,7 +233,7 @@ def test_trig_definitions_only_where_called():
     unused: it cannot see the calls, which go through vector-ABI names)."""
     x = torch.randn(64)
     (x.to("lazy") * 2).cpu()
-    assert "lz_sin_1" not in last_program().source and "lz_cos_1" not in last_program().source
+    assert "lz_sin_1" not in graph_cache.latest().source and "lz_cos_1" not in graph_cache.latest().source
     torch.testing.assert_close(x.to("lazy").sin().cpu(), x.sin())
-    src = last_program().source
+    src = graph_cache.latest().source
     assert "lz_sin_1" in src and "lz_cos_1" not in src and src.index("lz_sin_1") > src.index("lz_seg0")

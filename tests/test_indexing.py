@@ -12,11 +12,7 @@ from lazy.cache import graph_cache
 from lazy.debug import metrics
 
 
-@pytest.fixture(autouse=True, scope="module")
-def cpp_backend(tmp_path_factory):
-    cache = str(tmp_path_factory.mktemp("lazy-cache"))
-    with lazy.config.override(compiler="cpp", backing_device="cpu", cache_dir=cache):
-        yield
+pytestmark = pytest.mark.usefixtures("cpp_compiler")
 
 
 def externs() -> dict:

@@ -10,11 +10,7 @@ from lazy.cache import graph_cache
 from lazy.debug import metrics
 
 
-@pytest.fixture(autouse=True, scope="module")
-def cpp_backend(tmp_path_factory):
-    cache = str(tmp_path_factory.mktemp("lazy-cache"))
-    with lazy.config.override(compiler="cpp", backing_device="cpu", cache_dir=cache):
-        yield
+pytestmark = pytest.mark.usefixtures("cpp_compiler")
 
 
 def run(fn, *inputs):
@@ -28,7 +24,7 @@ def run(fn, *inputs):
     got = [t.cpu() for t in (lz if isinstance(lz, (list, tuple)) else [lz])]
     for g, w in zip(got, want if isinstance(want, (list, tuple)) else [want]):
         torch.testing.assert_close(g, w)
-    program = next(reversed(graph_cache._CACHE.values()))
+    program = graph_cache.latest()
     assert program.backend == "cpp"
     return metrics.counter("kernels_launched"), program.num_externs, program
 

@@ -130,6 +130,12 @@ def _dump(program: Any, key: Any) -> None:
         f.write(text + "\n")
 
 
+def latest() -> Any:
+    """The program of the most recently compiled or looked-up graph (for tests, benchmarks and debugging)."""
+    entry = next(reversed(_CACHE.values()))
+    return entry.program if type(entry) is _Warming else entry
+
+
 def size() -> int:
     return len(_CACHE)
 
