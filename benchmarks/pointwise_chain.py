@@ -112,7 +112,8 @@ def run(n: int, reps: int) -> None:
                      for s in program.steps if s[0] == "seg" for _, shape, dtype in s[3])
     print(f"{n}x{n}: kernels={program.num_kernels} backend={program.backend}")
     print(f"  steady state  lazy {t_lazy * 1e3:9.3f} ms   eager {t_eager * 1e3:9.3f} ms   torch.compile "
-          f"{t_tc * 1e3:9.3f} ms   eager/lazy {t_eager / t_lazy:5.2f}x   lazy/compile {t_lazy / t_tc:5.2f}x   ({load()})")
+          f"{t_tc * 1e3:9.3f} ms   eager/lazy {t_eager / t_lazy:5.2f}x   lazy/compile {t_lazy / t_tc:5.2f}x   "
+          f"({load()})")
     print(f"  first compile lazy {lazy_first:6.2f} s (record {recorded:.2f} s, g++ {gxx:.2f} s, rest "
           f"{lazy_first - recorded - gxx:.2f} s)    torch.compile {tc_first:6.2f} s   ({load()})")
     print(f"  bytes allocated per run: lazy {lazy_bytes / 1e6:.3f} MB (outputs only, no intermediate); eager "

@@ -10,7 +10,7 @@ exact C type so narrow integer results wrap as in eager.
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
 
 import torch
 

@@ -13,7 +13,7 @@ so a learning rate or an ``alpha`` that changes from step to step reuses the com
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable
 
 import torch
 
