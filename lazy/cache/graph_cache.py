@@ -78,28 +78,22 @@ def lookup(lin: Linearized, device: torch.device) -> tuple:
         entry.runs += 1
         if entry.runs < config.compile_after:
             return entry.program, True
-        metrics.bump("graph_cache.tier_up")
-        program = _CACHE[key] = _compile(backend, lin, device, key, TIER_UP)
+        metrics.bump("graph_cache.tier_up")  # not in ``compiles``: that counts new graphs (misses)
+        program = _CACHE[key] = _compile(backend, lin, device, key, "tier-up")
         return program, True
     metrics.bump("graph_cache.miss")
-    if config.compiler == "auto" and backend != "reference" and config.compile_after > 1:
-        warming = _Warming(_compile("reference", lin, device, key, f"until run {config.compile_after}"))
-        _insert(key, warming)
-        return warming.program, False
-    program = _compile(backend, lin, device, key, "")
-    _insert(key, program)
+    warm = config.compiler == "auto" and backend != "reference" and config.compile_after > 1
+    program = _compile("reference" if warm else backend, lin, device, key,
+                       f"until run {config.compile_after}" if warm else "")
+    metrics.bump("compiles")
+    _insert(key, _Warming(program) if warm else program)
     return program, False
-
-
-TIER_UP = "tier-up"  # ``compiles`` counts new graphs (cache misses); a tier-up is counted as graph_cache.tier_up
 
 
 def _compile(backend: str, lin: Linearized, device: torch.device, key: Any, why: str) -> Any:
     start = time.perf_counter()
     program = compiler_for(backend)(lin, device)
     elapsed = time.perf_counter() - start
-    if why != TIER_UP:
-        metrics.bump("compiles")
     metrics.bump("compile_time_s", elapsed)
     log(2, f"compiled a graph of {len(lin.order)} nodes in {elapsed * 1e3:.2f} ms ({program.backend}"
            f"{', ' + why if why else ''})")
