@@ -210,7 +210,7 @@ def _lower_node(out: Lowered, node: Node, ins: List[Any], slot: int) -> Any:
 
 def _strided_view(v: TVal) -> Optional[tuple]:
     """(buffer, (shape, strides, offset)) if ``v`` reads one buffer at an affine index (Note [Extern inputs are
-    views]), else None."""
+    views]), with None for the view when it is the whole buffer as laid out; None if ``v`` is no such view."""
     vs = vars_for(v.shape, "x")
     e = v(vs)
     if e.op != "load" or e.dtype is not v.dtype:
@@ -219,7 +219,9 @@ def _strided_view(v: TVal) -> Optional[tuple]:
     strides = tuple(terms.pop(x, 0) for x in vs)
     if terms or offset < 0 or any(s < 0 for s in strides):
         return None
-    return e.args[0], (v.shape, strides, offset)
+    buf = e.args[0]
+    whole = v.shape == buf.shape and strides == buf.strides and offset == 0
+    return buf, None if whole else (v.shape, strides, offset)
 
 
 def _extern(out: Lowered, fn: Any, args: tuple, kwargs: tuple, ins: List[Any], slots: List[int], meta: Any,
@@ -228,13 +230,9 @@ def _extern(out: Lowered, fn: Any, args: tuple, kwargs: tuple, ins: List[Any], s
     views: List[Optional[tuple]] = []
     for v in ins:
         view = _strided_view(v) if v.buffer is None else None
-        if view is None:
-            bufs.append(out.realize(v))
-            views.append(None)
-        else:
-            bufs.append(view[0])
-            same = view[1][0] == view[0].shape and view[1][1] == view[0].strides and view[1][2] == 0
-            views.append(None if same else view[1])
+        buf, spec = view if view is not None else (out.realize(v), None)
+        bufs.append(buf)
+        views.append(spec)
     metas = meta if multi else (meta,)
     outs = [out.buffer(m[0], m[1], kind="extern") if m is not None else None for m in metas]
     out.steps.append(Extern(fn, args, kwargs, bufs, slots, outs, views))
