@@ -23,7 +23,7 @@ from ..ir.layout import contiguous_stride
 from . import kir
 from .pointwise import register
 from .structure import ZERO
-from .values import ScalarArg, TVal, Unlowerable, broadcast_shapes, check_dtype, norm_dim, operand
+from .values import ScalarArg, TVal, Unlowerable, broadcast_shapes, check_dtype, norm_dim, operand, slice_start
 
 _INDEX_DTYPES = (torch.int64, torch.int32)
 
@@ -236,9 +236,7 @@ def _slice_scatter(args: list, kwargs: dict, meta: tuple) -> TVal:
     step = args[5] if len(args) > 5 else kwargs.get("step", 1)
     if not isinstance(src, TVal) or step != 1 or not (start is None or isinstance(start, int)):
         raise Unlowerable("slice_scatter with a step or runtime bounds")
-    size = x.shape[dim]
-    start = 0 if start is None else (start + size if start < 0 else start)
-    start = min(max(start, 0), size)
+    start = slice_start(start, x.shape[dim])
     n = src.shape[dim]
     if n == 0:
         return x

@@ -15,7 +15,7 @@ import torch
 from ..ir.layout import contiguous_stride
 from . import kir, values
 from .pointwise import LOWERINGS, register
-from .values import TVal, Unlowerable, check_dtype, norm_dim
+from .values import TVal, Unlowerable, check_dtype, norm_dim, slice_start
 
 ZERO = kir.const(0, kir.INDEX)
 
@@ -90,12 +90,9 @@ def _slice(args: list, kwargs: dict, meta: tuple) -> TVal:
     dim = norm_dim(args[1] if len(args) > 1 else kwargs.get("dim", 0), nd)
     start = args[2] if len(args) > 2 else kwargs.get("start")
     step = args[4] if len(args) > 4 else kwargs.get("step", 1)
-    size = x.shape[dim]
-    start = 0 if start is None else start
-    if not isinstance(start, int) or not isinstance(step, int):
+    if not (start is None or isinstance(start, int)) or not isinstance(step, int):
         raise Unlowerable("slice with runtime bounds")
-    start = start + size if start < 0 else start
-    start = min(max(start, 0), size)
+    start = slice_start(start, x.shape[dim])
 
     def fn(idx: Sequence[kir.Expr]) -> kir.Expr:
         idx = list(idx)

@@ -147,5 +147,12 @@ def norm_dim(d: int, ndim: int) -> int:
     return d + max(ndim, 1) if d < 0 else d
 
 
+def slice_start(start: Optional[int], size: int) -> int:
+    """A slice's start as eager resolves it: None is 0, a negative start counts from the end, then within
+    [0, size]."""
+    start = 0 if start is None else (start + size if start < 0 else start)
+    return min(max(start, 0), size)
+
+
 def vars_for(shape: Sequence[int], prefix: str) -> List[Expr]:
     return [kir.var(f"{prefix}{i}", n) for i, n in enumerate(shape)]
