@@ -1,9 +1,11 @@
-// linearize (lazy/ir/graph.py): the topological order of a graph and its structural key, in C.
+// linearize (lazy/ir/graph.py): the topological order of a graph and its structural key, in C; pack_scalars
+// (lazy/runtime/cpp.py): a graph's runtime scalars as the double and int64 arrays its kernels read.
 //
 // Every sync walks its graph once; in Python that walk cost ~2 us per node (id() calls, a list per visit), more
 // than running a fused kernel. The order, key encoding and leaf numbering are exactly Note [Graph key]'s.
 #include "graph.h"
 
+#include <cstdint>
 #include <unordered_map>
 #include <vector>
 
@@ -11,33 +13,31 @@
 
 namespace lazy {
 
+namespace {
+
+// Separates the body of a key from its outputs: neither a signature's address nor a position.
+constexpr int64_t kKeyOutputs = -1;
+
+}  // namespace
+
 PyObject* linearize(PyObject*, PyObject* roots_arg) {
   PyObject* roots = PySequence_Fast(roots_arg, "linearize(roots): roots must be a sequence of nodes");
   if (roots == nullptr) return nullptr;
   Py_ssize_t n_roots = PySequence_Fast_GET_SIZE(roots);
   PyObject** root_items = PySequence_Fast_ITEMS(roots);
-  std::unordered_map<PyObject*, Py_ssize_t> pos;
+  std::unordered_map<PyObject*, int64_t> pos;
   std::vector<NodeObject*> order;
   std::vector<NodeObject*> stack;
-  PyObject* enc = PyList_New(0);
+  std::vector<int64_t> enc;
   PyObject* leaves = PyList_New(0);
   PyObject* scalars = PyList_New(0);
-  PyObject* result = nullptr;
   auto fail = [&]() -> PyObject* {
-    Py_XDECREF(enc);
     Py_XDECREF(leaves);
     Py_XDECREF(scalars);
     Py_DECREF(roots);
     return nullptr;
   };
-  auto append_long = [&](PyObject* list, Py_ssize_t v) -> bool {
-    PyObject* i = PyLong_FromSsize_t(v);
-    if (i == nullptr) return false;
-    int rc = PyList_Append(list, i);
-    Py_DECREF(i);
-    return rc == 0;
-  };
-  if (!enc || !leaves || !scalars) return fail();
+  if (!leaves || !scalars) return fail();
   for (Py_ssize_t r = 0; r < n_roots; ++r) {
     PyObject* root = root_items[r];
     if (Py_TYPE(root) != &NodeType) {
@@ -65,23 +65,17 @@ PyObject* linearize(PyObject*, PyObject* roots_arg) {
       }
       if (stack.size() != before) continue;
       stack.pop_back();
-      pos.emplace(reinterpret_cast<PyObject*>(node), static_cast<Py_ssize_t>(order.size()));
+      pos.emplace(reinterpret_cast<PyObject*>(node), static_cast<int64_t>(order.size()));
       order.push_back(node);
-      PyObject* sig_id = PyLong_FromVoidPtr(node->sig);
-      if (sig_id == nullptr || PyList_Append(enc, sig_id) != 0) {
-        Py_XDECREF(sig_id);
-        return fail();
-      }
-      Py_DECREF(sig_id);
+      // Interned signatures live as long as the process: their address is their identity.
+      enc.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(node->sig)));
       if (node->op == data_op()) {
         if (PyList_Append(leaves, node->data) != 0) return fail();
         continue;
       }
-      for (Py_ssize_t k = 0; k < n_in; ++k) {
-        if (!append_long(enc, pos[PyTuple_GET_ITEM(inputs, k)])) return fail();
-      }
+      for (Py_ssize_t k = 0; k < n_in; ++k) enc.push_back(pos[PyTuple_GET_ITEM(inputs, k)]);
       PyObject* sc = node->scalars;
-      if (PyTuple_Check(sc) && PyTuple_GET_SIZE(sc) > 0) {
+      if (PyTuple_Check(sc)) {
         for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(sc); ++k) {
           if (PyList_Append(scalars, PyTuple_GET_ITEM(sc, k)) != 0) return fail();
         }
@@ -90,43 +84,83 @@ PyObject* linearize(PyObject*, PyObject* roots_arg) {
   }
   PyObject* outputs = PyList_New(n_roots);
   PyObject* order_list = PyList_New(static_cast<Py_ssize_t>(order.size()));
-  PyObject* positions = PyDict_New();
-  if (!outputs || !order_list || !positions) {
+  if (!outputs || !order_list) {
     Py_XDECREF(outputs);
     Py_XDECREF(order_list);
-    Py_XDECREF(positions);
     return fail();
   }
-  for (Py_ssize_t r = 0; r < n_roots; ++r) {
-    PyList_SET_ITEM(outputs, r, PyLong_FromSsize_t(pos[root_items[r]]));
-  }
+  enc.push_back(kKeyOutputs);  // the key: the body, the separator, then the outputs
   bool ok = true;
-  for (size_t i = 0; i < order.size() && ok; ++i) {
-    PyObject* node = reinterpret_cast<PyObject*>(order[i]);
-    Py_INCREF(node);
-    PyList_SET_ITEM(order_list, static_cast<Py_ssize_t>(i), node);
-    PyObject* key = PyLong_FromVoidPtr(node);
-    PyObject* value = PyLong_FromSsize_t(static_cast<Py_ssize_t>(i));
-    ok = key && value && PyDict_SetItem(positions, key, value) == 0;
-    Py_XDECREF(key);
-    Py_XDECREF(value);
+  for (Py_ssize_t r = 0; r < n_roots && ok; ++r) {
+    int64_t at = pos[root_items[r]];
+    enc.push_back(at);
+    PyObject* i = PyLong_FromLongLong(at);
+    ok = i != nullptr;
+    if (ok) PyList_SET_ITEM(outputs, r, i);
   }
-  // the key: the body, None, then the outputs
-  ok = ok && PyList_Append(enc, Py_None) == 0;
-  for (Py_ssize_t r = 0; r < n_roots && ok; ++r) ok = PyList_Append(enc, PyList_GET_ITEM(outputs, r)) == 0;
-  PyObject* key = ok ? PyList_AsTuple(enc) : nullptr;
-  if (key != nullptr) {
-    result = PyTuple_Pack(6, order_list, positions, outputs, key, leaves, scalars);
-    Py_DECREF(key);
+  for (size_t i = 0; i < order.size(); ++i) {
+    Py_INCREF(order[i]);
+    PyList_SET_ITEM(order_list, static_cast<Py_ssize_t>(i), reinterpret_cast<PyObject*>(order[i]));
   }
+  PyObject* key = ok ? PyBytes_FromStringAndSize(reinterpret_cast<const char*>(enc.data()),
+                                                 static_cast<Py_ssize_t>(enc.size() * sizeof(int64_t)))
+                     : nullptr;
+  PyObject* result = key != nullptr ? PyTuple_Pack(5, order_list, outputs, key, leaves, scalars) : nullptr;
+  Py_XDECREF(key);
   Py_DECREF(outputs);
   Py_DECREF(order_list);
-  Py_DECREF(positions);
-  Py_DECREF(enc);
   Py_DECREF(leaves);
   Py_DECREF(scalars);
   Py_DECREF(roots);
   return result;
+}
+
+PyObject* pack_scalars(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "pack_scalars(scalars: list, doubles: writable buffer, int64s: writable buffer)");
+    return nullptr;
+  }
+  PyObject* seq = PySequence_Fast(args[0], "pack_scalars: scalars must be a sequence");
+  if (seq == nullptr) return nullptr;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  Py_buffer fs, is;
+  if (PyObject_GetBuffer(args[1], &fs, PyBUF_WRITABLE) != 0) {
+    Py_DECREF(seq);
+    return nullptr;
+  }
+  if (PyObject_GetBuffer(args[2], &is, PyBUF_WRITABLE) != 0) {
+    PyBuffer_Release(&fs);
+    Py_DECREF(seq);
+    return nullptr;
+  }
+  bool ok = fs.len >= n * static_cast<Py_ssize_t>(sizeof(double)) &&
+            is.len >= n * static_cast<Py_ssize_t>(sizeof(int64_t));
+  if (!ok) PyErr_SetString(PyExc_ValueError, "pack_scalars: the buffers are too small");
+  auto* f = static_cast<double*>(fs.buf);
+  auto* i64 = static_cast<int64_t*>(is.buf);
+  // As float(s) / int(s) of Python numbers: a float's int slot is 0; other objects (complex scalars, which only
+  // extern calls read, from the Python list) are 0 in both.
+  for (Py_ssize_t k = 0; k < n && ok; ++k) {
+    PyObject* s = items[k];
+    if (PyLong_Check(s)) {  // int and bool
+      long long v = PyLong_AsLongLong(s);
+      ok = !(v == -1 && PyErr_Occurred());
+      i64[k] = v;
+      f[k] = static_cast<double>(v);
+    } else if (PyFloat_Check(s)) {
+      f[k] = PyFloat_AS_DOUBLE(s);
+      i64[k] = 0;
+    } else {
+      f[k] = 0.0;
+      i64[k] = 0;
+    }
+  }
+  PyBuffer_Release(&fs);
+  PyBuffer_Release(&is);
+  Py_DECREF(seq);
+  if (!ok) return nullptr;
+  Py_RETURN_NONE;
 }
 
 }  // namespace lazy

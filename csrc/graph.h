@@ -6,7 +6,10 @@
 
 namespace lazy {
 
-// linearize(roots) -> (order, positions, outputs, key, leaves, scalars), as lazy/ir/graph.py's Linearized.
+// linearize(roots) -> (order, outputs, key, leaves, scalars), as lazy/ir/graph.py's Linearized.
 PyObject* linearize(PyObject* self, PyObject* roots);
+
+// pack_scalars(scalars, doubles, int64s): fills the two writable buffers with float(s) and int(s) of each scalar.
+PyObject* pack_scalars(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 }  // namespace lazy

@@ -9,7 +9,10 @@
 // recorder (``dispatch_slow``), which stays the reference for what recording means.
 #include "record.h"
 
+#include <array>
+#include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "alias.h"
@@ -51,11 +54,13 @@ constexpr int kRuntimeMemoValue = 2;
 constexpr int kFunctional = 0;
 constexpr int kView = 1;
 constexpr int kInplace = 2;  // ``self`` is the only mutated argument and the only return, a base tensor
+constexpr int kAlias = 3;    // a view that is its input itself (detach, alias): of a base, a second base
+                             // (Note [Aliases of a base are bases] in lazy/trace/record.py); else a view
 
 struct FastOp {
   PyObject* desc;      // the OpDesc (strong reference; ops are immortal, so are their descs)
   PyObject* kw_kinds;  // dict: keyword-only argument name -> kind
-  int kind;            // kFunctional (record_functional), kView (record_view) or kInplace (record_inplace)
+  int kind;            // kFunctional (record_functional), kView/kAlias (record_view), kInplace (record_inplace)
   PyObject* functional;  // kInplace: the functional variant that is recorded (Note [Functional variants])
   std::vector<int> kinds;
 };
@@ -237,7 +242,7 @@ PyObject* cache_entry(PyObject* func, const FastOp& op, PyObject* key, PyObject*
   Ref desc(PyTuple_GetSlice(out, 0, 4));
   if (!desc) return nullptr;
   Ref step;
-  if (op.kind == kView) {
+  if (op.kind == kView || op.kind == kAlias) {
     PyObject* step_args[] = {func, targs, tkw, shape, dtype};
     step = Ref(PyObject_Vectorcall(g.view_step, step_args, 5, nullptr));
   } else {
@@ -284,7 +289,7 @@ PyObject* record(PyObject* func, const FastOp& op, PyObject* args, PyObject* kwa
   }
   PyObject* self = n > 0 ? PyTuple_GET_ITEM(args, 0) : nullptr;
   if (op.kind != kFunctional && (self == nullptr || Py_TYPE(self) != g.lazy_type)) return kBail;
-  if (op.kind == kView && (c.n_ins != 1 || c.n_scalars != 0)) return kBail;
+  if ((op.kind == kView || op.kind == kAlias) && (c.n_ins != 1 || c.n_scalars != 0)) return kBail;
   // ``self`` (args[0], a lazy tensor) was the first tensor flattened: c.first_st and c.first_chain are its own.
   // In place, only a base tensor: a view's write-back scatters through its chain (Python).
   if (op.kind == kInplace && c.first_chain != Py_None) return kBail;
@@ -304,6 +309,16 @@ PyObject* record(PyObject* func, const FastOp& op, PyObject* args, PyObject* kwa
   PyObject* stride = PyTuple_GET_ITEM(desc, 1);
   PyObject* dtype = PyTuple_GET_ITEM(desc, 3);
 
+  PyObject* wrapper_args[] = {reinterpret_cast<PyObject*>(g.lazy_type), shape, stride, PyTuple_GET_ITEM(desc, 2),
+                              Py_None, dtype, g.layout, g.device};
+  if (op.kind == kAlias && c.first_chain == Py_None) {  // a second base of self's storage: no node, no chain
+    Ref t(PyObject_Vectorcall(g.make_wrapper, wrapper_args, 8, nullptr));
+    if (!t || PyObject_SetAttr(t.get(), g.name_desc, desc) != 0 ||
+        PyObject_SetAttr(t.get(), g.name_st, c.first_st) != 0 || share_storage(t.get(), self) != 0) {
+      return nullptr;
+    }
+    return t.release();
+  }
   Ref inputs(tuple_of(c.ins, c.n_ins));
   Ref scalars(tuple_of(c.scalars, c.n_scalars));
   if (!inputs || !scalars) return nullptr;
@@ -317,8 +332,6 @@ PyObject* record(PyObject* func, const FastOp& op, PyObject* args, PyObject* kwa
     Py_INCREF(self);
     return self;
   }
-  PyObject* wrapper_args[] = {reinterpret_cast<PyObject*>(g.lazy_type), shape, stride, PyTuple_GET_ITEM(desc, 2),
-                              Py_None, dtype, g.layout, g.device};
   Ref t(PyObject_Vectorcall(g.make_wrapper, wrapper_args, 8, nullptr));
   if (!t || PyObject_SetAttr(t.get(), g.name_desc, desc) != 0) return nullptr;
   if (op.kind == kFunctional) {
@@ -344,21 +357,27 @@ PyObject* record(PyObject* func, const FastOp& op, PyObject* args, PyObject* kwa
   return t.release();
 }
 
-// ---- Operators: ``x * 2``, ``x + y``, ... without the dispatcher ---------------------------------------------
+// ---- Methods: ``x * 2``, ``x.sin()``, ... without the dispatcher ---------------------------------------------
 //
 // ``x * 2.0`` normally goes Tensor.__mul__ -> argument parsing -> the dispatcher (autograd, the Python key) ->
-// __torch_dispatch__ with ``aten.mul.Tensor(x, 2.0)``. When nothing between the operator and the recorder can
-// act on the call -- autograd has nothing to record, no dispatch or function mode, no autocast, no functorch
-// transform, no forward-mode AD level -- lazy's own operator methods record that same ATen call directly. Any
-// other case, and any operand that is not a lazy tensor or a plain number, takes torch's own method.
+// __torch_dispatch__ with ``aten.mul.Tensor(x, 2.0)``; ``x.sin()`` likewise with ``aten.sin.default(x)``. When
+// nothing between the method and the recorder can act on the call -- autograd has nothing to record, no dispatch
+// or function mode, no autocast, no functorch transform, no forward-mode AD level -- lazy's own methods record
+// that same ATen call directly: in C once the call is memoized, through the Python recorder before (what
+// __torch_dispatch__ would do). Any other case, and any operand that is not a lazy tensor or a plain number,
+// takes torch's own method. lazy/trace/record.py chooses the methods (operators, and unary methods whose ATen op
+// the dispatcher delivers unchanged).
 
-struct BinaryOp {
+struct MethodOp {
   PyObject* op = nullptr;        // the ATen overload the dispatcher would deliver, with ``self`` first
   PyObject* fallback = nullptr;  // torch.Tensor's own method
 };
 
-constexpr int kBinaryOps = 6;  // __add__, __radd__, __sub__, __mul__, __rmul__, __truediv__
-BinaryOp g_binary[kBinaryOps];
+constexpr int kMaxMethods = 64;
+MethodOp g_methods[kMaxMethods];
+PyMethodDef g_method_defs[kMaxMethods];
+std::string g_method_names[kMaxMethods];
+int g_n_methods = 0;
 
 struct Guards {
   PyObject* grad_enabled = nullptr;           // torch.is_grad_enabled
@@ -371,7 +390,7 @@ struct Guards {
   PyObject* name_level = nullptr;
 } g_guards;
 
-// 1 if the call can skip the dispatcher, 0 if not, -1 on error.
+// 1 if the call can skip the dispatcher, 0 if not, -1 on error. ``other`` may be nullptr (a unary method).
 int call_is_plain(PyObject* self, PyObject* other) {
   auto truth = [](PyObject* fn) -> int {
     Ref r(PyObject_CallNoArgs(fn));
@@ -390,7 +409,7 @@ int call_is_plain(PyObject* self, PyObject* other) {
   if ((t = truth(g_guards.grad_enabled)) <= 0) return t < 0 ? -1 : 1;
   PyObject* operands[] = {self, other};
   for (PyObject* v : operands) {
-    if (Py_TYPE(v) != g.lazy_type) continue;
+    if (v == nullptr || Py_TYPE(v) != g.lazy_type) continue;
     Ref rg(PyObject_GetAttr(v, g_guards.name_requires_grad));
     if (!rg) return -1;
     if (rg.get() != Py_False) return 0;
@@ -398,9 +417,30 @@ int call_is_plain(PyObject* self, PyObject* other) {
   return 1;
 }
 
+// Records method ``m`` on (self[, other]) if the call is plain; kBail if torch's method must take it.
+PyObject* record_method(const MethodOp& m, PyObject* self, PyObject* other) {
+  if (!g.enabled || Py_TYPE(self) != g.lazy_type) return kBail;
+  int plain = call_is_plain(self, other);
+  if (plain <= 0) return plain < 0 ? nullptr : kBail;
+  Ref args(other == nullptr ? PyTuple_Pack(1, self) : PyTuple_Pack(2, self, other));
+  if (!args) return nullptr;
+  ++g.traced;
+  auto it = g.ops.find(m.op);
+  if (it != g.ops.end()) {
+    PyObject* result = record(m.op, it->second, args.get(), nullptr);
+    if (result != kBail) return result;
+  }
+  // Not memoized yet: the Python recorder, as __torch_dispatch__ would call it (and the dispatcher never sees
+  // the call: its first Python dispatch imports torch.distributed.tensor, ~0.25 s).
+  Ref kwargs(PyDict_New());
+  if (!kwargs) return nullptr;
+  PyObject* call[] = {m.op, args.get(), kwargs.get()};
+  return PyObject_Vectorcall(g.slow_dispatch, call, 3, nullptr);
+}
+
 template <int K>
 PyObject* binary_method(PyObject* self, PyObject* other) {
-  const BinaryOp& b = g_binary[K];
+  const MethodOp& m = g_methods[K];
   PyTypeObject* to = Py_TYPE(other);
   bool number = to == &PyFloat_Type || to == &PyBool_Type;
   if (to == &PyLong_Type) {
@@ -408,34 +448,41 @@ PyObject* binary_method(PyObject* self, PyObject* other) {
     PyLong_AsLongLongAndOverflow(other, &overflow);
     number = overflow == 0;
   }
-  if (g.enabled && Py_TYPE(self) == g.lazy_type && (number || to == g.lazy_type)) {
-    auto it = g.ops.find(b.op);
-    if (it != g.ops.end()) {
-      int plain = call_is_plain(self, other);
-      if (plain < 0) return nullptr;
-      if (plain) {
-        Ref args(PyTuple_Pack(2, self, other));
-        if (!args) return nullptr;
-        PyObject* result = record(b.op, it->second, args.get(), nullptr);
-        if (result != kBail) {
-          if (result != nullptr) ++g.traced;
-          return result;
-        }
-      }
-    }
+  if (number || to == g.lazy_type) {
+    PyObject* result = record_method(m, self, other);
+    if (result != kBail) return result;
   }
   PyObject* call[] = {self, other};
-  return PyObject_Vectorcall(b.fallback, call, 2, nullptr);
+  return PyObject_Vectorcall(m.fallback, call, 2, nullptr);
 }
 
-PyMethodDef g_binary_defs[kBinaryOps] = {
-    {"__add__", binary_method<0>, METH_O, "self + other (lazy: recorded without the dispatcher when plain)"},
-    {"__radd__", binary_method<1>, METH_O, "other + self"},
-    {"__sub__", binary_method<2>, METH_O, "self - other"},
-    {"__mul__", binary_method<3>, METH_O, "self * other"},
-    {"__rmul__", binary_method<4>, METH_O, "other * self"},
-    {"__truediv__", binary_method<5>, METH_O, "self / other"},
-};
+// ``x.sin()``; any argument (``x.round(decimals=2)`` is another overload) goes to torch's method.
+template <int K>
+PyObject* unary_method(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  const MethodOp& m = g_methods[K];
+  if (nargs == 0 && kwnames == nullptr) {
+    PyObject* result = record_method(m, self, nullptr);
+    if (result != kBail) return result;
+  }
+  Py_ssize_t n = nargs + (kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0);
+  std::vector<PyObject*> call(static_cast<size_t>(n) + 1);
+  call[0] = self;
+  for (Py_ssize_t i = 0; i < n; ++i) call[static_cast<size_t>(i) + 1] = args[i];
+  return PyObject_Vectorcall(m.fallback, call.data(), static_cast<size_t>(nargs) + 1, kwnames);
+}
+
+template <size_t... K>
+std::array<PyCFunction, sizeof...(K)> binary_table(std::index_sequence<K...>) {
+  return {binary_method<static_cast<int>(K)>...};
+}
+
+template <size_t... K>
+std::array<PyCFunction, sizeof...(K)> unary_table(std::index_sequence<K...>) {
+  return {reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(unary_method<static_cast<int>(K)>))...};
+}
+
+const auto kBinaryMethods = binary_table(std::make_index_sequence<kMaxMethods>{});
+const auto kUnaryMethods = unary_table(std::make_index_sequence<kMaxMethods>{});
 
 bool configured() {
   if (g.lazy_type != nullptr) return true;
@@ -561,8 +608,9 @@ PyObject* register_op(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     op.kinds.push_back(static_cast<int>(kind));
   }
   op.kind = static_cast<int>(PyLong_AsLong(args[4]));
-  if (op.kind < kFunctional || op.kind > kInplace || (op.kind == kInplace && args[5] == Py_None)) {
-    PyErr_SetString(PyExc_ValueError, "register_op: kind is 0 (functional), 1 (view) or 2 (in-place, with variant)");
+  if (op.kind < kFunctional || op.kind > kAlias || (op.kind == kInplace && args[5] == Py_None)) {
+    PyErr_SetString(PyExc_ValueError,
+                    "register_op: kind is 0 (functional), 1 (view), 2 (in-place, with variant) or 3 (alias view)");
     return nullptr;
   }
   Py_INCREF(args[0]);
@@ -606,10 +654,19 @@ PyObject* fast_path_stats(PyObject*, PyObject*) { return Py_BuildValue("(LL)", g
 
 namespace lazy {
 
-PyObject* install_operators(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  // install_operators(ops: dict name -> (aten overload, torch's method), guards: tuple of 5 callables, forward_ad)
+PyObject* plain_call(PyObject*, PyObject* self) {
+  if (!configured()) return nullptr;
+  if (g_guards.grad_enabled == nullptr) Py_RETURN_FALSE;  // install_methods has not run: nothing is plain yet
+  int plain = g.enabled && Py_TYPE(self) == g.lazy_type ? call_is_plain(self, nullptr) : 0;
+  if (plain < 0) return nullptr;
+  return PyBool_FromLong(plain);
+}
+
+PyObject* install_methods(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  // install_methods(methods: dict name -> (aten overload, torch's method, arity), guards: tuple of 5 callables,
+  //                 forward_ad module)
   if (nargs != 3 || !PyDict_Check(args[0]) || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != 5) {
-    PyErr_SetString(PyExc_TypeError, "install_operators(ops: dict, guards: tuple of 5, forward_ad module)");
+    PyErr_SetString(PyExc_TypeError, "install_methods(methods: dict, guards: tuple of 5, forward_ad module)");
     return nullptr;
   }
   if (!configured()) return nullptr;
@@ -625,19 +682,36 @@ PyObject* install_operators(PyObject*, PyObject* const* args, Py_ssize_t nargs) 
     g_guards.name_requires_grad = PyUnicode_InternFromString("requires_grad");
     g_guards.name_level = PyUnicode_InternFromString("_current_level");
   }
-  for (int k = 0; k < kBinaryOps; ++k) {
-    PyObject* pair = PyDict_GetItemString(args[0], g_binary_defs[k].ml_name);
-    if (pair == nullptr || !PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
-      PyErr_Format(PyExc_TypeError, "install_operators: no (op, fallback) for %s", g_binary_defs[k].ml_name);
+  Py_ssize_t pos = 0;
+  PyObject *name, *spec;
+  while (PyDict_Next(args[0], &pos, &name, &spec)) {
+    long arity = 0;
+    if (!PyUnicode_Check(name) || !PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 3 ||
+        ((arity = PyLong_AsLong(PyTuple_GET_ITEM(spec, 2))) != 1 && arity != 2)) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "install_methods: name -> (op, fallback, 1 or 2)");
       return nullptr;
     }
-    Py_INCREF(PyTuple_GET_ITEM(pair, 0));
-    Py_INCREF(PyTuple_GET_ITEM(pair, 1));
-    Py_XSETREF(g_binary[k].op, PyTuple_GET_ITEM(pair, 0));
-    Py_XSETREF(g_binary[k].fallback, PyTuple_GET_ITEM(pair, 1));
-    Ref method(PyDescr_NewMethod(g.lazy_type, &g_binary_defs[k]));
-    if (!method || PyObject_SetAttrString(reinterpret_cast<PyObject*>(g.lazy_type), g_binary_defs[k].ml_name,
-                                          method.get()) != 0) {
+    const char* utf8 = PyUnicode_AsUTF8(name);
+    if (utf8 == nullptr) return nullptr;
+    int k = 0;
+    while (k < g_n_methods && g_method_names[k] != utf8) ++k;  // reinstalling a name reuses its slot
+    if (k == g_n_methods) {
+      if (g_n_methods == kMaxMethods) {
+        PyErr_SetString(PyExc_ValueError, "install_methods: too many methods (raise kMaxMethods)");
+        return nullptr;
+      }
+      ++g_n_methods;
+      g_method_names[k] = utf8;
+    }
+    Py_INCREF(PyTuple_GET_ITEM(spec, 0));
+    Py_INCREF(PyTuple_GET_ITEM(spec, 1));
+    Py_XSETREF(g_methods[k].op, PyTuple_GET_ITEM(spec, 0));
+    Py_XSETREF(g_methods[k].fallback, PyTuple_GET_ITEM(spec, 1));
+    g_method_defs[k] = {g_method_names[k].c_str(), arity == 2 ? kBinaryMethods[k] : kUnaryMethods[k],
+                        arity == 2 ? METH_O : METH_FASTCALL | METH_KEYWORDS,
+                        "Recorded without the dispatcher when nothing else would see the call (lazy/_C)."};
+    Ref method(PyDescr_NewMethod(g.lazy_type, &g_method_defs[k]));
+    if (!method || PyObject_SetAttr(reinterpret_cast<PyObject*>(g.lazy_type), name, method.get()) != 0) {
       return nullptr;
     }
   }

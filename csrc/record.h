@@ -33,8 +33,11 @@ PyObject* reset_counters(PyObject* self, PyObject* unused);
 // Fast-path statistics: (hits, misses) since the last reset.
 PyObject* fast_path_stats(PyObject* self, PyObject* unused);
 
-// install_operators(ops, guards, forward_ad): LazyTensor.__add__/__radd__/__sub__/__mul__/__rmul__/__truediv__
-// record their ATen call directly when the dispatcher would do nothing else (see record.cpp).
-PyObject* install_operators(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+// install_methods(methods, guards, forward_ad): LazyTensor methods (operators such as __mul__, unary methods such as
+// sin) that record their ATen call directly when the dispatcher would do nothing else (see record.cpp).
+PyObject* install_methods(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+
+// plain_call(x): whether a call on lazy tensor ``x`` alone may skip the dispatcher (the methods' test).
+PyObject* plain_call(PyObject* self, PyObject* x);
 
 }  // namespace lazy

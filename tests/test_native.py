@@ -265,6 +265,92 @@ def test_operators_with_other_operands():
     torch.testing.assert_close((x * 1j).cpu(), x.cpu() * 1j)
 
 
+def _unary(x, b, i):
+    return [x.sin(), x.relu(), x.exp(), -x, abs(x), x.sigmoid(), x.rsqrt(), x.isnan(), ~b, b.logical_not(),
+            ~i, i.sign(), x.round(), x.lgamma()]
+
+
+def test_unary_methods_record_the_dispatchers_call():
+    """Note [Methods without the dispatcher]: the same nodes as torch's method through __torch_dispatch__."""
+    xc, ic = torch.randn(3, 4), torch.randint(-5, 5, (4,))
+    bc = xc > 0
+    x, b, i = xc.to(L), bc.to(L), ic.to(L)
+    _unary(x, b, i)  # registers and memoizes the ops
+    before = _C.fast_path_stats()[0]
+    metrics.reset()
+    fast = _unary(x, b, i)
+    assert _C.fast_path_stats()[0] - before == 14 and metrics.counter("traced_ops") == 14
+    _fast(False)
+    slow = _unary(x, b, i)
+    for f, s, e in zip(fast, slow, _unary(xc, bc, ic)):
+        assert linearize([value(f)]).key == linearize([value(s)]).key
+        torch.testing.assert_close(f.cpu(), e, equal_nan=True)
+        assert f.dtype == e.dtype
+
+
+def test_unary_methods_keep_autograd_modes_and_errors():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    x = torch.randn(3).to(L).requires_grad_()
+    y = x.sin()
+    assert y.grad_fn is not None
+    y.sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), x.detach().cpu().cos())
+    seen = []
+
+    class Dispatch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Dispatch():
+        x.detach().exp()
+    assert torch.ops.aten.exp.default in seen
+    with pytest.raises(RuntimeError, match="bool"):  # eager's error, raised where the op is called
+        -(torch.ones(2).to(L) > 0)
+    xc = torch.randn(5) * 10  # arguments mean another overload (round.decimals) or an error: torch's method
+    torch.testing.assert_close(xc.to(L).round(decimals=1).cpu(), xc.round(decimals=1))
+    with pytest.raises(TypeError):
+        xc.to(L).sin(3)
+
+
+def test_composite_methods_are_not_taken():
+    """``square`` is CompositeImplicitAutograd: the dispatcher delivers pow, so lazy leaves it to torch."""
+    from lazy.trace.record import _dispatcher_delivers
+
+    aten = torch.ops.aten
+    assert "square" not in vars(type(torch.randn(1).to(L)))
+    assert not _dispatcher_delivers(aten.square.default) and _dispatcher_delivers(aten.sin.default)
+    x = torch.randn(4)
+    torch.testing.assert_close(x.to(L).square().cpu(), x.square())
+
+
+def test_plain_programs_never_dispatch_to_the_subclass():
+    """A chain of methods and .cpu() skip the dispatcher's Python key: in a fresh process, torch never imports
+    torch.distributed.tensor (its first Python-subclass dispatch does, ~0.25 s; pointwise_chain.py's fresh run)."""
+    import subprocess
+    import sys
+    code = ("import sys, torch, lazy\n"
+            "x = torch.randn(4, 4).to('lazy')\n"
+            "y = ((x * 1.01 + 0.1).sin().relu() - 0.05).exp()\n"
+            "assert torch.allclose(y.cpu(), ((x.cpu() * 1.01 + 0.1).sin().relu() - 0.05).exp())\n"
+            "print('torch.distributed.tensor' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False"]
+
+
+def test_cpu_method_takes_torchs_path_when_autograd_records():
+    x = torch.randn(3).to(L).requires_grad_()
+    y = (x * 2).cpu()
+    assert y.grad_fn is not None and y.device.type == "cpu"
+    y.sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), torch.full((3,), 2.0))
+    zc = torch.randn(2, 3).t()
+    z = zc.to(L).t().contiguous().t()  # eager's strides survive .cpu(), with and without a memory format
+    for fmt in (torch.preserve_format, torch.contiguous_format):
+        assert z.cpu(memory_format=fmt).stride() == zc.cpu(memory_format=fmt).stride()
+
+
 # ---- in-place ops on base tensors ----
 
 def _inplace(x, y):
@@ -305,3 +391,49 @@ def test_inplace_errors_and_casts_stay_eagers():
     for _ in range(2):
         f.add_(torch.ones(3).to(L))  # a float32 result written into float64 self (Python: cast on write-back)
     torch.testing.assert_close(f.cpu(), torch.full((3,), 2.0, dtype=torch.float64))
+
+
+# ---- aliases of a base (Note [Aliases of a base are bases]) ----
+
+def test_aliases_of_a_base_are_bases_and_share_updates():
+    xc = torch.randn(3, 4)
+    for fast in (True, False):
+        _fast(fast)
+        x = xc.clone().to(L)
+        for _ in range(2):  # the second round on the fast path
+            p = x.detach()
+            q = p.detach().t()  # a view of the alias: a chain of one step
+            assert p._lz_chain is None and p._lz_st is x._lz_st
+            p.mul_(2)
+            x.add_(1)
+            torch.testing.assert_close(p.cpu(), x.cpu())
+        torch.testing.assert_close(q.cpu(), (xc * 2 + 1).mul(2).add(1).t())
+        torch.testing.assert_close(x.cpu(), (xc * 2 + 1).mul(2).add(1))
+
+
+def test_parameter_updates_take_the_fast_path():
+    model = torch.nn.Linear(4, 3).to(L)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    for p in model.parameters():
+        assert p._lz_chain is None
+    for step in range(3):
+        model(torch.randn(2, 4).to(L)).sum().backward()
+        before = _C.fast_path_stats()[1]
+        opt.step()
+        if step == 2:  # memoized by then: no in-place update of a parameter bails to Python
+            assert _C.fast_path_stats()[1] == before
+        opt.zero_grad()
+        lazy.mark_step()
+
+
+def test_pack_scalars_matches_float_and_int():
+    import ctypes
+    scalars = [1.5, -3, True, False, 2 ** 62, -0.0, float("inf"), 1j]
+    fs, is_ = (ctypes.c_double * 8)(), (ctypes.c_int64 * 8)()
+    _C.pack_scalars(scalars, fs, is_)
+    assert list(fs)[:7] == [1.5, -3.0, 1.0, 0.0, float(2 ** 62), -0.0, float("inf")] and fs[7] == 0.0
+    assert list(is_) == [0, -3, 1, 0, 2 ** 62, 0, 0, 0]
+    with pytest.raises(OverflowError):
+        _C.pack_scalars([2 ** 70], fs, is_)
+    with pytest.raises(ValueError):
+        _C.pack_scalars(scalars + [1.0], fs, is_)  # more scalars than the buffers hold

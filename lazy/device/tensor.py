@@ -70,6 +70,15 @@ class LazyTensor(torch.Tensor):
         text = "tensor(" + text[len(type(self).__name__) + 1:] if text.startswith(type(self).__name__) else text
         return "Parameter containing:\n" + text if getattr(self, "_is_param", False) else text
 
+    def cpu(self, memory_format: torch.memory_format = torch.preserve_format) -> torch.Tensor:
+        # Note [Methods without the dispatcher] (trace/record.py): a plain call records what the dispatcher would
+        # deliver, without the dispatcher; anything else (autograd, modes) takes torch's method.
+        if memory_format is torch.preserve_format and _C.plain_call(self):
+            from ..trace.record import dispatch
+            return dispatch(torch.ops.aten._to_copy.default, (self,),
+                            {"dtype": self.dtype, "layout": torch.strided, "device": _CPU})
+        return torch.Tensor.cpu(self, memory_format=memory_format)
+
     def __format__(self, spec: str) -> str:
         if self.dim() == 0:
             return self.item().__format__(spec)
@@ -141,6 +150,7 @@ class LazyTensor(torch.Tensor):
 
 
 _make = torch.Tensor._make_wrapper_subclass
+_CPU = torch.device("cpu")
 
 
 def wrap(desc: Desc, storage: Storage, chain: Optional[tuple] = None, cache: Optional[Tuple[int, Node]] = None

@@ -1,16 +1,19 @@
 """Walks over the IR: the topological order of a graph and its structural cache key.
 
 Note [Graph key]
-The key of a graph is the tuple, in topological order, of each node's interned signature id (Note [Interned
-signatures]) followed by the positions of its inputs, then the positions of the outputs. Signatures cover
-structure, shapes and dtypes but not data, so two steps with fresh data and new runtime scalars get equal keys;
+The key of a graph is the sequence, in topological order, of each node's interned signature id (Note [Interned
+signatures]) followed by the positions of its inputs, then a separator and the positions of the outputs, packed
+as int64s into one bytes object (hashed once, compared with memcmp: a lookup costs no per-element Python work).
+Signatures cover structure, shapes and dtypes but not data, so two steps with fresh data and new runtime scalars
+get equal keys;
 positions encode sharing and leaf numbering by first use, so ``x + x`` and ``x + y`` (or a shared and a
-duplicated subexpression) get different keys. The tuple itself is the dict key and every element is an exact
+duplicated subexpression) get different keys. The bytes themselves are the dict key and every element is an exact
 identity, so a hash collision can never return the wrong graph.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+import struct
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -21,23 +24,35 @@ from .node import DATA, Node
 class Linearized:
     """A graph cut at a sync point: its nodes in order, its key, and the runtime inputs of this instance."""
 
-    __slots__ = ("order", "positions", "outputs", "key", "leaves", "scalars")
+    __slots__ = ("order", "outputs", "key", "leaves", "scalars", "_positions")
 
-    def __init__(self, order: List[Node], positions: Dict[int, int], outputs: List[int], key: tuple,
-                 leaves: List[torch.Tensor], scalars: list) -> None:
+    def __init__(self, order: List[Node], outputs: List[int], key: bytes, leaves: List[torch.Tensor],
+                 scalars: list) -> None:
         self.order = order
-        self.positions = positions
         self.outputs = outputs
         self.key = key
         self.leaves = leaves
         self.scalars = scalars
+        self._positions: Optional[Dict[int, int]] = None
+
+    @property
+    def positions(self) -> Dict[int, int]:
+        """``id(node)`` -> its position in ``order``; built on first use (a cache hit never needs it)."""
+        if self._positions is None:
+            self._positions = {id(n): i for i, n in enumerate(self.order)}
+        return self._positions
+
+    def add_outputs(self, positions: Sequence[int]) -> None:
+        """More outputs (already in ``order``): appended to ``outputs`` and to the key."""
+        self.outputs.extend(positions)
+        self.key += struct.pack(f"{len(positions)}q", *positions)
 
 
 def linearize(roots: Sequence[Node]) -> Linearized:
     """Topologically sort the graph of ``roots`` (inputs first, leaves numbered by first use) in one pass.
 
     Depth first, inputs in order; the key is each node's ``id(sig)`` followed (except for data leaves) by the
-    positions of its inputs, then None and the positions of the roots (Note [Graph key]). The walk is C
+    positions of its inputs, then a separator and the positions of the roots (Note [Graph key]). The walk is C
     (csrc/graph.cpp): it runs at every sync, over every node.
     """
     return Linearized(*_C.linearize(roots))

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 
+from .. import _C
 from ..cache import disk
 from ..codegen import cpp as renderer
 from ..config import config
@@ -217,8 +218,8 @@ class Program:
             values[i] = t
             ptrs[i] = t.data_ptr()
         n = max(len(scalars), 1)
-        fs = (ctypes.c_double * n)(*[float(s) if isinstance(s, (int, float)) else 0.0 for s in scalars])
-        is_ = (ctypes.c_int64 * n)(*[int(s) if isinstance(s, (int, bool)) else 0 for s in scalars])
+        fs, is_ = (ctypes.c_double * n)(), (ctypes.c_int64 * n)()
+        _C.pack_scalars(scalars, fs, is_)  # float(s) and int(s) of each number, in C (~0.3 us each in Python)
         timer = _Timer(self) if config.debug >= 3 else None
         check_alias = bool(self.arena_views) and self.keep_arena
         launched = 0

@@ -47,12 +47,11 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
         return [r.data for r in roots]
     lin = linearize(list(roots) + [st.value for st in pending])
     chosen = set(map(id, pending))
-    for st in pending_storages():
-        if id(st) not in chosen and id(st.value) in lin.positions:
-            pending.append(st)
-            lin.outputs.append(lin.positions[id(st.value)])
-    if len(lin.outputs) != len(roots) + len(chosen):
-        lin.key = lin.key + tuple(lin.outputs[len(roots) + len(chosen):])
+    others = [st for st in pending_storages() if id(st) not in chosen]  # none at a mark_step
+    if others:
+        computed = [st for st in others if id(st.value) in lin.positions]
+        pending.extend(computed)
+        lin.add_outputs([lin.positions[id(st.value)] for st in computed])
     device = backing_device()
     program, hit = graph_cache.lookup(lin, device)
     try:

@@ -207,8 +207,18 @@ def record_view(func: Any, args: tuple, kwargs: dict) -> Any:
     return type(out)(_view_tensor(o, base, s) for o, s in zip(out, steps))
 
 
+# Note [Aliases of a base are bases]
+# ``detach``/``alias`` of a base tensor has the base's metadata and elements: it is made a second base of the same
+# storage (no view chain), not a view with an identity step. Reading it is reading the storage value, an in-place
+# op on it replaces the storage value, exactly what the identity chain would do, but through the C fast path:
+# parameters are such aliases (nn.Parameter detaches its data; so does ``.data``), and the optimizer's in-place
+# updates of them would otherwise each take the Python recorder.
 def _view_tensor(out: Out, base: LazyTensor, step: "views.ViewStep", reset: bool = False) -> LazyTensor:
     st = base._lz_st
+    if step.op in views.ALIASES and base._lz_chain is None and not reset:
+        alias = wrap(out[:4], st)
+        _C.share_storage(alias, base)
+        return alias
     prev = st.value if reset else _value(base)
     chain = (step,) if reset else (base._lz_chain or ()) + (step,)
     view = wrap(out[:4], st, chain, (st.version, step.apply(prev)))
@@ -604,11 +614,12 @@ def _handler(func: Any) -> Callable[..., Any]:
 
 
 def _fast_kind(func: Any, handler: Callable[..., Any]) -> Optional[int]:
-    """0, 1, 2 if csrc/record.cpp can record ``func`` as record_functional, record_view, record_inplace; else None."""
+    """0, 1, 2 if csrc/record.cpp can record ``func`` as record_functional, record_view, record_inplace; 3 for
+    record_view of an alias op (Note [Aliases of a base are bases]); else None."""
     if handler is record_functional:
         return None if describe(func).random else 0
     if handler is record_view:
-        return None if func is aten.as_strided.default else 1
+        return None if func is aten.as_strided.default else 3 if func in views.ALIASES else 1
     if handler is record_inplace:
         d = describe(func)
         simple = (d.functional is not None and d.mutated == [0] and not d.out_names and d.return_sources == (0,)
@@ -643,12 +654,42 @@ _C.configure(LazyTensor, Out, torch.dtype, torch.Tensor._make_wrapper_subclass, 
 # objects where this probe finds that agrees with tensor._cdata.
 _C.probe_layout(torch.empty(0), torch.Tensor._make_wrapper_subclass(LazyTensor, (2,), (1,), 0, None, torch.float32,
                                                                     torch.strided, LAZY_DEVICE))
-# x + y, x * 2.0, ...: the ATen call the dispatcher would deliver (self first), and torch's own method for calls
-# that autograd, a mode, autocast or functorch must see (csrc/record.cpp, "Operators").
-_C.install_operators(
-    {"__add__": (aten.add.Tensor, torch.Tensor.__add__), "__radd__": (aten.add.Tensor, torch.Tensor.__radd__),
-     "__sub__": (aten.sub.Tensor, torch.Tensor.__sub__), "__mul__": (aten.mul.Tensor, torch.Tensor.__mul__),
-     "__rmul__": (aten.mul.Tensor, torch.Tensor.__rmul__), "__truediv__": (aten.div.Tensor, torch.Tensor.__truediv__)},
+# Note [Methods without the dispatcher]
+# ``x + y``, ``x * 2.0``, ``x.sin()``, ...: LazyTensor methods (csrc/record.cpp, "Methods") that record the ATen call
+# the dispatcher would deliver (self first) when nothing between the method and the recorder can act on it, and
+# call torch's own method otherwise. Unary methods qualify when the dispatcher delivers their op unchanged: a
+# ``(Tensor self) -> Tensor`` overload without a CompositeImplicitAutograd kernel (``square`` decomposes to pow
+# before reaching a subclass, so it is not one). Besides ~2 us of dispatcher per op, this keeps plain programs
+# away from torch's first Python-subclass dispatch, which imports torch.distributed.tensor (~0.25 s).
+_UNARY_METHODS = (
+    "abs neg sin cos tan tanh sigmoid exp exp2 expm1 log log1p log2 log10 sqrt rsqrt relu reciprocal floor ceil "
+    "round trunc frac sign sgn erf erfc erfinv asin acos atan sinh cosh asinh acosh atanh bitwise_not logical_not "
+    "isnan isinf signbit lgamma digamma angle i0").split()
+_UNARY_DUNDERS = {"__neg__": "neg", "__abs__": "abs", "__invert__": "bitwise_not"}
+
+
+def _dispatcher_delivers(op: Any) -> bool:
+    """Whether a call of the Tensor method of unary ``op`` reaches __torch_dispatch__ as ``op(self)`` itself."""
+    schema = op._schema
+    return (len(schema.arguments) == 1 and str(schema.arguments[0].type) == "Tensor" and len(schema.returns) == 1
+            and schema.returns[0].alias_info is None
+            and not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"))
+
+
+def _methods() -> dict:
+    binary = {"__add__": aten.add.Tensor, "__radd__": aten.add.Tensor, "__sub__": aten.sub.Tensor,
+              "__mul__": aten.mul.Tensor, "__rmul__": aten.mul.Tensor, "__truediv__": aten.div.Tensor}
+    table = {name: (op, getattr(torch.Tensor, name), 2) for name, op in binary.items()}
+    unary = dict(_UNARY_DUNDERS, **{name: name for name in _UNARY_METHODS})
+    for name, op_name in unary.items():
+        op = getattr(aten, op_name).default
+        if _dispatcher_delivers(op):
+            table[name] = (op, getattr(torch.Tensor, name), 1)
+    return table
+
+
+_C.install_methods(
+    _methods(),
     (torch.is_grad_enabled, torch._C._len_torch_dispatch_stack, torch._C._is_torch_function_mode_enabled,
      torch._C._is_any_autocast_enabled, torch._C._are_functorch_transforms_active),
     torch.autograd.forward_ad)

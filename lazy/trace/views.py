@@ -98,6 +98,9 @@ def _complex_back(prev: Node, new: Node, step: ViewStep) -> Node:
     return emit(aten.view_as_real.default, (TENSOR,), (new,), prev.shape, prev.dtype)
 
 
+# Views that are their input itself (same metadata, same elements). Note [Aliases of a base are bases]
+ALIASES = frozenset((aten.alias.default, aten.detach.default, aten.lift_fresh.default))
+
 REVERSE: Dict[Any, Callable[[Node, Node, ViewStep], Node]] = {
     aten._conj.default: _involution,
     aten._neg_view.default: _involution,
@@ -110,7 +113,7 @@ REVERSE: Dict[Any, Callable[[Node, Node, ViewStep], Node]] = {
     aten.transpose.int: _transpose,
     aten.t.default: _t,
     aten.view.dtype: _dtype_back,
-    **{op: _identity for op in (aten.alias.default, aten.detach.default, aten.lift_fresh.default)},
+    **{op: _identity for op in ALIASES},
     **{op: _reshape_back for op in (
         aten.view.default, aten._unsafe_view.default, aten._reshape_alias.default, aten.unsqueeze.default,
         aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.view_as.default)},

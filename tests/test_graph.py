@@ -1,0 +1,50 @@
+"""lazy/ir/graph.py: linearize's order and key (Note [Graph key])."""
+import torch
+
+from lazy.ir.graph import linearize
+from lazy.trace.views import value
+
+L = "lazy"
+
+
+def test_key_is_structure_not_data():
+    x, y = torch.randn(3, 4).to(L), torch.randn(3, 4).to(L)
+    a = linearize([value((x * 2.0 + y).relu())])
+    b = linearize([value((y * 5.0 + x).relu())])  # other data, another runtime scalar
+    assert a.key == b.key and hash(a.key) == hash(b.key)
+    assert a.scalars == [2.0] and b.scalars == [5.0]
+    assert [t.data_ptr() for t in a.leaves] != [t.data_ptr() for t in b.leaves]
+
+
+def test_key_tells_sharing_shapes_dtypes_and_outputs_apart():
+    x, y = torch.randn(3, 4).to(L), torch.randn(3, 4).to(L)
+    keys = [linearize([value(x + x)]).key, linearize([value(x + y)]).key,
+            linearize([value(x.double() + y.double())]).key,
+            linearize([value(torch.randn(4, 3).to(L) + y.t())]).key,
+            linearize([value(x + y), value(x)]).key]
+    assert len(set(keys)) == len(keys)
+
+
+def test_order_is_topological_and_positions_are_lazy():
+    x = torch.randn(4).to(L)
+    y = x.sin()
+    z = (y + y.cos()).exp()
+    lin = linearize([value(z)])
+    assert lin._positions is None  # a cache hit never builds the map
+    pos = lin.positions
+    for i, node in enumerate(lin.order):
+        assert pos[id(node)] == i
+        assert all(pos[id(inp)] < i for inp in node.inputs)
+    assert lin.outputs == [len(lin.order) - 1]
+
+
+def test_add_outputs_extends_the_key():
+    x = torch.randn(4).to(L)
+    y = x.sin()
+    z = y.exp()
+    lin = linearize([value(z)])
+    key = lin.key
+    lin.add_outputs([lin.positions[id(value(y))]])
+    assert lin.outputs == [len(lin.order) - 1, lin.positions[id(value(y))]]
+    assert lin.key != key and lin.key.startswith(key)
+    assert lin.key == linearize([value(z), value(y)]).key
