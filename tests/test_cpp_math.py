@@ -101,26 +101,29 @@ def test_two_over_pi_chunks_and_no_cmath():
 
 # ---- float32 sin/cos: vector variant and portable fallback (Note [Trig vector variant]) -------------------------
 
-_TRIG_LOOPS = r"""
+_LOOPS = r"""
 extern "C" int lz_test_v16() { return LZ_TRIG_V16; }
 extern "C" void lz_test_sin(const float* __restrict a, float* __restrict b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) b[i] = lz_sin(a[i]); }
 extern "C" void lz_test_cos(const float* __restrict a, float* __restrict b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) b[i] = lz_cos(a[i]); }
+extern "C" void lz_test_exp(const float* __restrict a, float* __restrict b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) b[i] = lz_exp(a[i]); }
 """
 
 
-class TrigLib:
-    """The prelude and two loops compiled as the runtime compiles a graph (FLAGS), loaded with ctypes."""
+class MathLib:
+    """The prelude and loops over float32 sin, cos and exp compiled as the runtime compiles a graph (FLAGS), loaded
+    with ctypes."""
 
     def __init__(self, tmp_path, variant: str):
         src, self.path = tmp_path / f"{variant}.cpp", str(tmp_path / f"{variant}.so")
-        src.write_text(cpp.PRELUDE + _TRIG_LOOPS + cpp_math.definitions(_TRIG_LOOPS))
+        src.write_text(cpp.PRELUDE + _LOOPS + cpp_math.definitions(_LOOPS))
         defines = ["-DLZ_NO_TRIG_V16"] if variant == "portable" else []
         out = subprocess.run(shlex.split(lazy.config.cxx) + list(runtime.FLAGS) + defines
                              + ["-fopt-info-vec-optimized", "-o", self.path, str(src)], capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
-        loops = range(cpp.PRELUDE.count("\n") + 1, cpp.PRELUDE.count("\n") + _TRIG_LOOPS.count("\n") + 1)
+        loops = range(cpp.PRELUDE.count("\n") + 1, cpp.PRELUDE.count("\n") + _LOOPS.count("\n") + 1)
         self.vectorized_lines = {int(line.split(":")[1]) for line in out.stderr.splitlines()
                                  if "loop vectorized" in line and int(line.split(":")[1]) in loops}
         self.lib = ctypes.CDLL(self.path)
@@ -135,9 +138,9 @@ class TrigLib:
 
 
 @pytest.fixture(scope="module")
-def trig_libs(tmp_path_factory):
+def math_libs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("trig")
-    return {v: TrigLib(tmp, v) for v in ("vector", "portable")}
+    return {v: MathLib(tmp, v) for v in ("vector", "portable")}
 
 
 def _ordered(x: torch.Tensor) -> torch.Tensor:
@@ -147,7 +150,7 @@ def _ordered(x: torch.Tensor) -> torch.Tensor:
 
 
 def _assert_within_one_ulp(got: torch.Tensor, x: torch.Tensor, name: str):
-    """Against sin/cos in float64 rounded once to float32 (correctly rounded but for rare double roundings)."""
+    """Against ``name`` in float64 rounded once to float32 (correctly rounded but for rare double roundings)."""
     want = getattr(torch, name)(x.double()).float()
     nan = want.isnan()
     assert torch.equal(got.isnan(), nan), x[got.isnan() != nan]
@@ -175,12 +178,12 @@ def _small_and_mixed():
 
 @pytest.mark.parametrize("variant", ["vector", "portable"])
 @pytest.mark.parametrize("name", ["sin", "cos"])
-def test_trig_within_one_ulp(trig_libs, variant, name):
+def test_trig_within_one_ulp(math_libs, variant, name):
     """Both builds (the AVX-512 vector variant where the machine has it, and the portable definitions it replaces)
     vectorize and give results within 1 ulp of the correctly rounded value, with NaN for +-inf/NaN and sin(+-0) = +-0,
     over the sweep, the values around TRIG_FAST_BOUND and vectors mixing both paths."""
-    lib = trig_libs[variant]
-    assert len(lib.vectorized_lines) == 2
+    lib = math_libs[variant]
+    assert len(lib.vectorized_lines) == 3
     if variant == "portable":
         assert not lib.v16
     small, mixed, _ = _small_and_mixed()
@@ -189,10 +192,10 @@ def test_trig_within_one_ulp(trig_libs, variant, name):
 
 
 @pytest.mark.parametrize("name", ["sin", "cos"])
-def test_trig_lane_depends_on_its_value_only(trig_libs, name):
+def test_trig_lane_depends_on_its_value_only(math_libs, name):
     """A lane's result does not depend on which path the other lanes of its vector take, nor on whether it is
     computed by the vector variant or the scalar entry point (a loop's remainder)."""
-    lib = trig_libs["vector"]
+    lib = math_libs["vector"]
     small, mixed, lanes = _small_and_mixed()
     clean, dirty = lib(name, small), lib(name, mixed)
     keep = torch.ones(len(small), dtype=torch.bool)
@@ -213,10 +216,10 @@ def _assert_same(a: torch.Tensor, b: torch.Tensor):
     assert torch.equal(nan, b.isnan()) and torch.equal(a[~nan].view(torch.int32), b[~nan].view(torch.int32))
 
 
-def test_trig_vector_variant_is_the_clone_gcc_calls(trig_libs):
+def test_trig_vector_variant_is_the_clone_gcc_calls(math_libs):
     """Under the project's flags the vectorized loops call exactly the vector variants defined in cpp_math.py (a
     clone of another ISA or length would be an undefined symbol), and the scalar entry points."""
-    lib = trig_libs["vector"]
+    lib = math_libs["vector"]
     if not lib.v16:
         pytest.skip("no AVX-512 (or not g++): the portable definitions are compiled, checked above")
     if not shutil.which("objdump"):
@@ -237,3 +240,33 @@ def test_trig_definitions_only_where_called():
     torch.testing.assert_close(x.to("lazy").sin().cpu(), x.sin())
     src = graph_cache.latest().source
     assert "lz_sin_1" in src and "lz_cos_1" not in src and src.index("lz_sin_1") > src.index("lz_seg0")
+
+
+# ---- float32 exp (Note [Float32 exp]) ------------------------------------------------------------------------------
+
+def _every_float(lo: float, hi: float) -> torch.Tensor:
+    """Every float32 in [lo, hi] (lo and hi of the same sign)."""
+    a, b = sorted(torch.tensor([lo, hi], dtype=torch.float32).view(torch.int32).tolist())
+    return torch.arange(a, b + 1, dtype=torch.int32).view(torch.float32)
+
+
+def test_float32_exp_within_one_ulp(math_libs):
+    """float32 exp is evaluated in float: within 1 ulp of the correctly rounded value over every 1021st float32 and
+    every float32 around its thresholds (overflow at 88.72, subnormal results below -87.34, 0 below -103.97, and the
+    selects at -104 and 100), with inf, 0 and NaN exactly where eager's are; the vector clone and the scalar entry
+    point (calls of fewer than 16 values) give the same bits."""
+    lib = math_libs["vector"]
+    fi = torch.finfo(torch.float32)
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), fi.max, -fi.max, fi.tiny, -fi.tiny,
+                            1e-45, -1e-45, 1.0, -1.0], dtype=torch.float32)
+    x = torch.cat([torch.arange(-2 ** 31, 2 ** 31, 1021, dtype=torch.int64).to(torch.int32).view(torch.float32),
+                   special, *[_every_float(lo, hi) for lo, hi in ((88.5, 89.0), (-87.5, -87.0), (-104.5, -103.5),
+                                                                 (99.99, 100.01))]])
+    got, want = lib("exp", x), torch.exp(x)
+    _assert_within_one_ulp(got, x, "exp")
+    for where in (torch.isnan, torch.isinf, lambda t: t == 0):
+        assert torch.equal(where(got), where(want)), x[where(got) != where(want)]
+    assert lib("exp", special[:4]).tolist() == [1.0, 1.0, float("inf"), 0.0]  # exp(+-0), exp(+-inf)
+    part = x[::97]
+    _assert_same(torch.cat([lib("exp", p) for p in part.split(15)]), lib("exp", part))
+
