@@ -183,3 +183,22 @@ def test_column_reductions_are_tiled():
     assert tile_of(lambda x: x.sum(1), x) is None
     assert tile_of(lambda x: x.softmax(-1), x) is None
     assert tile_of(lambda x: x.sum(), x) is None
+
+
+def test_equal_reductions_run_once():
+    """Note [Equal reductions are one object]: layer_norm's mean (its var_mean sums x for the variance and again for
+    the mean) is one stage, so its kernel makes two passes over each row, not three; reductions that differ in the
+    dim they reduce (a square input: same shapes), their input, their body or their kind stay apart."""
+    x, w, b = torch.randn(32, 64), torch.randn(64), torch.randn(64)
+    kernels, _, program = run(lambda x, w, b: F.layer_norm(x, (64,), w, b), x, w, b)
+    assert kernels == 1 and program.kernel_ir.count(" stage ") == 2, program.kernel_ir
+    sq, y = torch.randn(48, 48), torch.randn(48, 48)
+
+    def fn(sq, y):
+        return [sq.sum(1), sq.sum(0), y.sum(1), (sq * 2).sum(1), sq.amax(1), sq.sum(1) + sq.mean(1), sq.var(1)]
+
+    _, _, program = run(fn, sq, y)
+    stages = re.findall(r" stage (\w+) over", program.kernel_ir)
+    # sum(1) once for the first, sixth and seventh outputs (the mean and the variance's mean are the same sum);
+    # sum(0), y's, (sq * 2)'s, the max and the variance's sum of squares: one each
+    assert sorted(stages) == ["max"] + ["sum"] * 5, program.kernel_ir

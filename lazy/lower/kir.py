@@ -73,8 +73,8 @@ class Buffer:
 class Reduction:
     """``kind`` over ``red_shape`` for every index of ``out_shape``; ``body(out_idx, red_idx) -> Expr``.
 
-    The body is built once over symbolic out/red variables (``out_vars``/``red_vars``), so equal reductions
-    compare by their body expression."""
+    The body is built once over symbolic out/red variables (``out_vars``/``red_vars``, named after a tag unique in
+    the lowering). Build reductions with ``reduction()``, which returns one object for equal ones."""
 
     __slots__ = ("kind", "dtype", "acc_dtype", "out_shape", "red_shape", "out_vars", "red_vars", "body",
                  "_hash", "__weakref__")
@@ -95,11 +95,36 @@ class Reduction:
 
 _NAMES = itertools.count()
 
+# Note [Equal reductions are one object]
+# Decompositions compute the same reduction more than once: layer_norm's var_mean sums x for the variance's mean
+# and again for the mean it returns. Each Reduction names its variables after a tag of its own, so two equal
+# reductions have different bodies, different ``reduce`` refs, and the scheduler would run both as stages (layer
+# norm: three passes over each row instead of two). ``reduction()`` looks a new reduction up by its body over
+# canonical variables (out variable i -> ``o_i``, reduced variable i -> ``r_i``) with its kind, dtypes and shapes,
+# and returns the one built before if they are equal: its refs are then the same interned expressions, and every
+# later pass (fusion, stages, the renderers) computes it once without knowing. Sound because a body depends on
+# its own variables, loads of buffers (each written once, by one step) and runtime scalars only; a body that
+# also read other variables would keep them in the key. The table lives for one lowering (``reset_names``), so
+# variable names, and the generated source, do not depend on what was compiled before in the process.
+_REDUCTIONS: "weakref.WeakValueDictionary[tuple, Reduction]" = weakref.WeakValueDictionary()
+
+
+def reduction(kind: str, dtype: torch.dtype, acc_dtype: torch.dtype, out_shape: Sequence[int],
+              red_shape: Sequence[int], fn: Callable[[List[Expr], List[Expr]], Expr]) -> Reduction:
+    """``Reduction(...)``, or the equal one built before in this lowering (Note [Equal reductions are one object])."""
+    red = Reduction(kind, dtype, acc_dtype, out_shape, red_shape, fn)
+    canonical = dict(zip(red.out_vars, (var(f"o_{i}", n) for i, n in enumerate(red.out_shape))))
+    canonical.update(zip(red.red_vars, (var(f"r_{i}", n) for i, n in enumerate(red.red_shape))))
+    key = (kind, dtype, acc_dtype, red.out_shape, red.red_shape, substitute(red.body, canonical))
+    return _REDUCTIONS.setdefault(key, red)
+
 
 def reset_names() -> None:
-    """Restart variable numbering: a compile then names its variables the same way in every process."""
+    """Restart variable numbering (a compile then names its variables the same way in every process) and forget
+    the reductions of the previous lowering."""
     global _NAMES
     _NAMES = itertools.count()
+    _REDUCTIONS.clear()
 
 
 # ---- leaves -----------------------------------------------------------------------------------------------

@@ -147,13 +147,13 @@ def reduce(kind: str, x: TVal, dims: List[int], keepdim: bool, out: torch.dtype,
             idx[d] = v
         return kir.cast(body(kir.cast(x(idx), out)), acc)
 
-    red = kir.Reduction(kind, out, acc, out_shape, red_shape, red_body)
+    red = kir.reduction(kind, out, acc, out_shape, red_shape, red_body)
     rv = set(red.red_vars)
     if any(e.op == "reduce" and any(kir.free_vars(i) & rv for i in e.args[1]) for e in kir.walk(red.body)):
         # NOTE: the input reads another reduction at an index that moves with this one's reduction loop: store
         # the input first, so every kernel only nests reductions indexed by its outer loop (schedule/).
         x = values.REALIZE(x)
-        red = kir.Reduction(kind, out, acc, out_shape, red_shape, red_body)
+        red = kir.reduction(kind, out, acc, out_shape, red_shape, red_body)
     final_shape = [1 if d in dims else n for d, n in enumerate(x.shape)] if keepdim else out_shape
 
     def fn(idx: Sequence[kir.Expr]) -> kir.Expr:
