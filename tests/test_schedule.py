@@ -202,3 +202,35 @@ def test_equal_reductions_run_once():
     # sum(1) once for the first, sixth and seventh outputs (the mean and the variance's mean are the same sum);
     # sum(0), y's, (sq * 2)'s, the max and the variance's sum of squares: one each
     assert sorted(stages) == ["max"] + ["sum"] * 5, program.kernel_ir
+
+
+def test_stage_values_kept_for_the_stores(monkeypatch, tmp_path):
+    """Note [Stage values kept for the stores]: softmax's exp(x - max) is computed once per element, in the sum's
+    stage, and the store reads it back: eager's values, and bit for bit those of recomputing it (keep_bytes=0). Over
+    two reduced dims the kept values are indexed as the inner loops are. Nothing is kept where the store reads exp at
+    other indices (flip), beyond keep_bytes (rows of 5000 floats), or in a tiled kernel (softmax over dim 0)."""
+    from lazy.codegen import cpp
+    from lazy.schedule import Limits
+    x, y = torch.randn(6, 300), torch.randn(4, 8, 30)
+
+    def fn(x, y):
+        return [x.softmax(-1), (y.exp() / y.exp().sum((1, 2), keepdim=True)) * 2]
+
+    kernels, _, program = run(fn, x, y)
+    kept = [line for line in program.kernel_ir.splitlines() if "(keeps" in line]
+    assert kept == [" stage sum over [300] (keeps exp):", " stage sum over [8, 30] (keeps exp):"], program.kernel_ir
+    assert len(re.findall(r"= lz_exp\(", program.source)) == 2  # one evaluation site per kernel
+    got = [t.cpu() for t in fn(x.to("lazy"), y.to("lazy"))]
+    monkeypatch.setattr(cpp, "LIMITS", Limits(cpp.LIMITS.max_buffers, cpp.LIMITS.parallel_threshold, keep_bytes=0))
+    graph_cache.clear()
+    with lazy.config.override(cache_dir=str(tmp_path)):
+        _, _, program = run(fn, x, y)
+        assert "(keeps" not in program.kernel_ir and len(re.findall(r"= lz_exp\(", program.source)) == 4
+        recomputed = [t.cpu() for t in fn(x.to("lazy"), y.to("lazy"))]
+    assert all(torch.equal(a, b) for a, b in zip(got, recomputed))
+    monkeypatch.undo()
+    graph_cache.clear()
+    for f, args in ((lambda x: x.flip(1).exp() / x.exp().sum(1, keepdim=True), (x,)),
+                    (lambda x: x.softmax(-1), (torch.randn(3, 5000),)), (lambda x: x.softmax(0), (x,))):
+        _, _, program = run(f, *args)
+        assert "(keeps" not in program.kernel_ir, program.kernel_ir

@@ -19,7 +19,9 @@ from ..lower.kir import Expr
 from ..schedule import Kernel, Limits, Schedule, Stage
 from . import cpp_math
 
-LIMITS = Limits(max_buffers=64, parallel_threshold=1 << 15)
+# keep_bytes: stage values kept per outer iteration (Note [Stage values kept for the stores] in schedule/) live in
+# an array on the stack, a third of a 48 KB L1: softmax rows of up to 4096 floats
+LIMITS = Limits(max_buffers=64, parallel_threshold=1 << 15, keep_bytes=16 << 10)
 
 CTYPES: Dict[torch.dtype, str] = {
     torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
@@ -293,7 +295,7 @@ class _Scope:
         return _Scope(self.names, self.lines, indent, self.counter, self.var_names)
 
     def emit(self, root: Expr) -> str:
-        for e in kir.walk(root):
+        for e in kir.walk(root, self.names):  # a named value needs none of its operands
             if e in self.names:
                 continue
             if e.op == "const":
@@ -424,6 +426,8 @@ def _render_stage(n: int, s: Stage, scope: _Scope, tile: Optional[_Blocks], arra
             blocks = _Blocks(scope.var_names[red_vars[-1]], red_vars[-1].args[1], lanes)
             red_vars = red_vars[:-1]
     acc = f"acc{n}" if blocks is None else f"acc{n}[l]"
+    kept = _kept_arrays(n, s)
+    lines.extend(f"{indent}{ctype(e.dtype)} {array}[{size}];" for array, size, e, _ in kept)
     if blocks is None:
         lines.append(f"{indent}{at} acc{n} = {init};")
     else:
@@ -445,6 +449,9 @@ def _render_stage(n: int, s: Stage, scope: _Scope, tile: Optional[_Blocks], arra
     body = scope.child(ind)
     body.names.update((ref, f"{array}[l]") for ref, array in arrays.items())
     value = body.emit(s.body)
+    if kept:  # Note [Stage values kept for the stores] (the shifted last block writes some of them again, the same)
+        at_index = body.emit(s.keep_index[0])
+        lines.extend(f"{ind}{array}[{at_index}] = {body.names[e]};" for array, _, e, _ in kept)
     if masked:  # the block's values, then the lanes it takes
         lines.append(f"{ind}v{n}[l] = {value};")
         ind = ind[:-2]
@@ -471,6 +478,15 @@ def _render_stage(n: int, s: Stage, scope: _Scope, tile: Optional[_Blocks], arra
     scope.names[s.ref] = name
 
 
+def _kept_arrays(n: int, s: Stage) -> List[tuple]:
+    """(array name, size, value in the stage, value in the stores) of each value stage ``n`` keeps for the stores
+    (Note [Stage values kept for the stores] in schedule/)."""
+    size = 1
+    for v in s.red.red_vars:
+        size *= v.args[1]
+    return [(f"keep{n}_{j}", size, e, m) for j, (e, m) in enumerate(s.keep)]
+
+
 def _render_stores(k: Kernel, scope: _Scope, tile: Optional[_Blocks], arrays: Dict[Expr, str]) -> None:
     """The kernel's stores at ``scope``'s indent (inside its inner loops); in a tiled kernel, in a loop over the
     block's lanes, of the lanes the block takes (Note [Reductions in lanes])."""
@@ -495,6 +511,10 @@ def _render_stores(k: Kernel, scope: _Scope, tile: Optional[_Blocks], arrays: Di
             indent += "  "
     scope = scope.child(indent)
     scope.names.update((ref, f"{array}[l]") for ref, array in arrays.items())
+    for n, s in enumerate(k.stages):
+        kept = _kept_arrays(n, s)
+        at_index = scope.emit(s.keep_index[1]) if kept else ""
+        scope.names.update((m, f"{array}[{at_index}]") for array, _, _, m in kept)
     for j, (buf, idx, e) in enumerate(k.stores):
         val = values[j] if values else scope.emit(e)
         val = _STORE[buf.dtype].format(val) if buf.dtype in _STORE else val

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Container, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -326,15 +326,16 @@ def imod(a: Expr, k: int) -> Expr:
     return mk("imod", INDEX, rest, const(k, INDEX))
 
 
-def walk(root: Expr) -> List[Expr]:
-    """Every expression reachable from ``root`` (not into reduction bodies), children before parents."""
+def walk(root: Expr, stop: Container = ()) -> List[Expr]:
+    """Every expression reachable from ``root`` (not into reduction bodies, nor into the operands of expressions in
+    ``stop``), children before parents."""
     seen: Dict[Expr, None] = {}
     stack: List[Tuple[Expr, bool]] = [(root, False)]
     while stack:
         e, done = stack.pop()
         if e in seen:
             continue
-        if done:
+        if done or e in stop:
             seen[e] = None
             continue
         stack.append((e, True))

@@ -31,25 +31,32 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..lower import kir
-from ..lower.graph import Extern, Lowered, Store
+from ..lower.graph import EXPENSIVE_OPS, Extern, Lowered, Store
 from ..lower.kir import Expr
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What a backend can take: buffers per kernel and the work below which a kernel runs serially."""
+    """What a backend can take: buffers per kernel, the work below which a kernel runs serially, and the bytes of
+    stage values it can keep per outer iteration (Note [Stage values kept for the stores]; 0: none)."""
     max_buffers: int = 64
     parallel_threshold: int = 1 << 15
+    keep_bytes: int = 0
 
 
 class Stage:
     """One reduction computed per outer iteration: ``ref`` (the reduce expression it defines) and ``body`` (its
-    element expression over the outer and its own reduction variables)."""
+    element expression over the outer and its own reduction variables). ``keep``: values of the body that the stores
+    read again, as (the value in the stage's variables, the same value in the stores'), kept at ``keep_index``
+    (the flat index over the stage's reduced variables, and the same over the kernel's inner ones) (Note [Stage
+    values kept for the stores])."""
 
-    __slots__ = ("ref", "red", "body")
+    __slots__ = ("ref", "red", "body", "keep", "keep_index")
 
     def __init__(self, ref: Expr, red: kir.Reduction, body: Expr) -> None:
         self.ref, self.red, self.body = ref, red, body
+        self.keep: List[Tuple[Expr, Expr]] = []
+        self.keep_index: Optional[Tuple[Expr, Expr]] = None
 
 
 class Kernel:
@@ -189,9 +196,55 @@ def _kernel(name: str, group: List[Store], limits: Limits) -> Kernel:
     tile = _tile(outer, stages)
     if tile is not None:
         outer = [v for v in outer if v is not tile] + [tile]
+    else:
+        _keep(stages, inner, [e for _, e in values], limits.keep_bytes)
     first = (outer or inner)
     parallel = work >= limits.parallel_threshold and bool(first) and first[0].args[1] > 1
     return Kernel(name, outer, inner, stages, stores, work, parallel, tile)
+
+
+# Note [Stage values kept for the stores]
+# A stage's body and the kernel's stores often compute the same expensive value: softmax sums exp(x - max) over a
+# row and then stores exp(x - max) / sum. Recomputing it in the store (the scheduler's default, and Inductor's) costs
+# a second exp per element (measured on 1 thread, softmax 1024^2 with cpp_math's float exp: 1.26 ms recomputed,
+# 1.06 ms kept; the kept values are written and read back in L1). Where a stage's reduced loops match
+# the kernel's inner loops (same extents, in order) and a store reads a value of the body that is an expensive op
+# (lower.graph.EXPENSIVE_OPS) with the reduced variables replaced by the inner ones, the stage keeps that value for
+# every index of its reduced loops (``Stage.keep``), and the stores read it instead of computing it again: one
+# evaluation per element. It is the same value computed by the same code, so the results are bit-identical. Only the
+# largest such values are kept (not an exp inside a kept tanh), and only while they fit in the backend's
+# ``Limits.keep_bytes`` per outer iteration (C++: an array on the stack; a Triton backend would hold the row's block
+# in registers); larger rows recompute as before. Not in a tiled kernel, whose stages run over outputs in blocks.
+def _keep(stages: List[Stage], inner: List[Expr], stores: List[Expr], limit: int) -> None:
+    """Set ``keep`` and ``keep_index`` of the stages whose values the stores read again (Note [Stage values kept
+    for the stores])."""
+    in_stores: set = set()
+    for e in stores:
+        in_stores.update(kir.walk(e))
+    for s in stages:
+        red = s.red.red_vars
+        if not red or [v.args[1] for v in red] != [v.args[1] for v in inner]:
+            continue
+        to_inner = dict(zip(red, inner))
+        found = {e: m for e in kir.walk(s.body) if e.op in EXPENSIVE_OPS
+                 for m in [kir.substitute(e, to_inner)] if m in in_stores}
+        inside = {x for e in found for x in kir.walk(e) if x is not e}
+        keep = [(e, m) for e, m in found.items() if e not in inside]
+        n = 1
+        for v in red:
+            n *= v.args[1]
+        if not keep or n * sum(e.dtype.itemsize for e, _ in keep) > limit:
+            continue
+        s.keep, s.keep_index = keep, (_flat(red), _flat(inner))
+        limit -= n * sum(e.dtype.itemsize for e, _ in keep)
+
+
+def _flat(vs: List[Expr]) -> Expr:
+    """The row-major flat index of loop variables ``vs`` over their extents."""
+    idx = kir.const(0, kir.INDEX)
+    for v in vs:
+        idx = kir.iadd(kir.imul(idx, v.args[1]), v)
+    return idx
 
 
 def _stride(index: Expr, v: Expr) -> Optional[int]:
@@ -228,7 +281,8 @@ def format_schedule(sched: Schedule) -> str:
         lines.append(f"kernel {step.name}: outer[{loops(step.outer)}] inner[{loops(step.inner)}] "
                      f"work={step.work} parallel={step.parallel}{tile}")
         for s in step.stages:
-            lines.append(f" stage {s.red.kind} over {list(s.red.red_shape)}:")
+            kept = f" (keeps {', '.join(e.op for e, _ in s.keep)})" if s.keep else ""
+            lines.append(f" stage {s.red.kind} over {list(s.red.red_shape)}{kept}:")
             lines.append(kir.format_expr(s.body))
         for buf, _, e in step.stores:
             lines.append(f" store {buf!r} {buf.dtype} {list(buf.shape)}:")
