@@ -1,12 +1,13 @@
 // The recording hot path: LazyTensor.__torch_dispatch__ in C.
 //
-// Every op on a lazy tensor enters here. A functional op (registered by lazy/trace/record.py after its first
-// call) whose arguments are lazy tensors, Python numbers, int lists, None, strings and dtypes is recorded
-// without running Python: the argument template and shape-memo key are built exactly as record.py's
-// ``flatten`` builds them, the memoized output metadata and interned signature are found in one dict, and the
-// Node, Storage and wrapper tensor are made directly. Anything else -- a first call whose metadata is not
-// memoized yet, keyword arguments, lists of tensors, views, in-place ops, random ops -- goes to the Python
-// recorder (``dispatch_slow``), which stays the reference for what recording means.
+// Every op on a lazy tensor enters here. A functional op, a single-output view or an in-place op on a base tensor
+// (registered by lazy/trace/record.py after its first call) whose arguments are lazy tensors, Python numbers, int
+// and bool lists, None, strings, dtypes, memory formats and layouts is recorded without running Python: the
+// argument template and shape-memo key are built exactly as record.py's ``flatten`` builds them, the memoized
+// output metadata and interned signature are found in one dict, and the Node(s), Storage(s) and wrapper
+// tensor(s) are made directly. Anything else -- a first call whose metadata is not memoized yet, lists of
+// tensors, in-place ops on views, random ops, nested outputs -- goes to the Python recorder (``dispatch_slow``),
+// which stays the reference for what recording means.
 #include "record.h"
 
 #include <array>
@@ -80,7 +81,10 @@ struct State {
   PyObject* slow_dispatch = nullptr;  // lazy.trace.record.dispatch_slow(func, args, kwargs)
   PyObject* view_value = nullptr;     // lazy.trace.views.value(tensor)
   PyObject* view_step = nullptr;      // lazy.trace.views.ViewStep
-  PyObject* fast_cache = nullptr;     // memo key -> (signature, (shape, stride, offset, dtype), numel, view step)
+  PyObject* fast_cache = nullptr;     // memo key -> (signature, (shape, stride, offset, dtype), numel, view step),
+                                      // or for several outputs (signature, metas, outputs, is_list, None)
+  PyObject* getitem_op = nullptr;     // lazy.ir.node.GETITEM: the op of a multi-output node's output nodes
+  PyObject* static_types = nullptr;   // tuple of types whose instances are static template items (memory_format)
   PyObject* empty_tuple = nullptr;
   PyObject* name_st = nullptr;
   PyObject* name_chain = nullptr;
@@ -128,12 +132,13 @@ PyObject* tuple_of(PyObject* const* items, int n) {
   return t;
 }
 
-// A tuple of the list's/tuple's elements if every one is an exact int (a static int[] argument), else kBail.
+// A tuple of the list's/tuple's elements if every one is an exact int or a bool (a static int[] or bool[]
+// argument, such as an output mask), else kBail.
 PyObject* static_int_list(PyObject* v) {
   Py_ssize_t n = PySequence_Fast_GET_SIZE(v);
   PyObject** items = PySequence_Fast_ITEMS(v);
   for (Py_ssize_t i = 0; i < n; ++i) {
-    if (!PyLong_CheckExact(items[i])) return kBail;
+    if (!PyLong_CheckExact(items[i]) && !PyBool_Check(items[i])) return kBail;
   }
   if (PyTuple_CheckExact(v)) {
     Py_INCREF(v);
@@ -204,8 +209,60 @@ PyObject* flatten_value(PyObject* v, int kind, Collected& c) {
     Py_INCREF(v);
     return v;
   }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(g.static_types); ++i) {  // as record.py's _flat: kept as is
+    if (reinterpret_cast<PyObject*>(tv) == PyTuple_GET_ITEM(g.static_types, i)) {
+      Py_INCREF(v);
+      return v;
+    }
+  }
   if ((tv == &PyList_Type || tv == &PyTuple_Type) && kind == kStatic) return static_int_list(v);
   return kBail;
+}
+
+// The fast-cache entry of a functional op with several outputs (record.py's emit_outputs): a flat tuple or list
+// of tensors (each Out) and Nones (outputs masked off); anything else (nesting) is left to Python. The entry holds
+// the node's signature and metas and, per output, None or the signature of its getitem node, its metadata, numel
+// and index.
+PyObject* multi_entry(PyObject* func, PyObject* key, PyObject* targs, PyObject* tkw, PyObject* out) {
+  bool is_list = PyList_CheckExact(out);
+  if (!is_list && !PyTuple_CheckExact(out)) return kBail;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(out);
+  PyObject** items = PySequence_Fast_ITEMS(out);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (items[i] != Py_None && (Py_TYPE(items[i]) != g.out_type || PyTuple_GET_SIZE(items[i]) != 5)) return kBail;
+  }
+  Ref metas(PyTuple_New(n));
+  Ref outs(PyTuple_New(n));
+  if (!metas || !outs) return nullptr;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* o = items[i];
+    if (o == Py_None) {
+      Py_INCREF(Py_None);
+      PyTuple_SET_ITEM(metas.get(), i, Py_None);
+      Py_INCREF(Py_None);
+      PyTuple_SET_ITEM(outs.get(), i, Py_None);
+      continue;
+    }
+    PyObject* shape = PyTuple_GET_ITEM(o, 0);
+    PyObject* dtype = PyTuple_GET_ITEM(o, 3);
+    PyObject* meta = PyTuple_Pack(2, shape, dtype);
+    if (meta == nullptr) return nullptr;
+    PyTuple_SET_ITEM(metas.get(), i, meta);
+    Ref index(PyLong_FromSsize_t(i));
+    Ref index_args(index ? PyTuple_Pack(1, index.get()) : nullptr);
+    Ref sig(index_args ? intern_signature(g.getitem_op, index_args.get(), g.empty_tuple, shape, dtype, Py_None)
+                       : nullptr);
+    Ref desc(sig ? PyTuple_GetSlice(o, 0, 4) : nullptr);
+    PyObject* entry = desc ? PyTuple_Pack(4, sig.get(), desc.get(), PyTuple_GET_ITEM(o, 4), index_args.get())
+                           : nullptr;
+    if (entry == nullptr) return nullptr;
+    PyTuple_SET_ITEM(outs.get(), i, entry);
+  }
+  Ref sig(intern_signature(func, targs, tkw, Py_None, Py_None, metas.get()));
+  if (!sig) return nullptr;
+  Ref made(PyTuple_Pack(5, sig.get(), metas.get(), outs.get(), is_list ? Py_True : Py_False, Py_None));
+  if (!made || PyDict_SetItem(g.fast_cache, key, made.get()) != 0) return nullptr;
+  return made.get();  // the cache holds it now
 }
 
 // The fast-cache entry of a call, made from the shape memo on first use; borrowed, kBail, or NULL with an error.
@@ -234,7 +291,8 @@ PyObject* cache_entry(PyObject* func, const FastOp& op, PyObject* key, PyObject*
     if (same <= 0) return same < 0 ? nullptr : kBail;  // a cast or an expand on write-back: Python
     func = op.functional;
   }
-  if (Py_TYPE(out) != g.out_type || PyTuple_GET_SIZE(out) != 5) return kBail;  // several outputs: Python
+  if (Py_TYPE(out) != g.out_type && op.kind == kFunctional) return multi_entry(func, key, targs, tkw, out);
+  if (Py_TYPE(out) != g.out_type || PyTuple_GET_SIZE(out) != 5) return kBail;
   PyObject* shape = PyTuple_GET_ITEM(out, 0);
   PyObject* dtype = PyTuple_GET_ITEM(out, 3);
   Ref sig(intern_signature(func, targs, tkw, shape, dtype, Py_None));
@@ -253,6 +311,62 @@ PyObject* cache_entry(PyObject* func, const FastOp& op, PyObject* key, PyObject*
   Ref made(PyTuple_Pack(4, sig.get(), desc.get(), PyTuple_GET_ITEM(out, 4), step.get()));
   if (!made || PyDict_SetItem(g.fast_cache, key, made.get()) != 0) return nullptr;
   return made.get();  // the cache holds it now
+}
+
+// A new lazy tensor of metadata ``desc`` owning a new storage whose value is ``value`` (record.py's new_tensor).
+PyObject* new_base(PyObject* desc, PyObject* value, PyObject* numel_obj) {
+  PyObject* shape = PyTuple_GET_ITEM(desc, 0);
+  PyObject* stride = PyTuple_GET_ITEM(desc, 1);
+  PyObject* wrapper_args[] = {reinterpret_cast<PyObject*>(g.lazy_type), shape, stride, PyTuple_GET_ITEM(desc, 2),
+                              Py_None, PyTuple_GET_ITEM(desc, 3), g.layout, g.device};
+  Ref t(PyObject_Vectorcall(g.make_wrapper, wrapper_args, 8, nullptr));
+  if (!t || PyObject_SetAttr(t.get(), g.name_desc, desc) != 0) return nullptr;
+  long long numel = PyLong_AsLongLong(numel_obj);
+  if (numel == -1 && PyErr_Occurred()) return nullptr;
+  Ref st(make_storage(value, shape, stride, numel));
+  if (!st || PyObject_SetAttr(t.get(), g.name_st, st.get()) != 0) return nullptr;
+  return t.release();
+}
+
+// The outputs of a multi-output functional call (record.py's emit_outputs and _tensors): one node with metas, a
+// getitem node per output, a new base tensor per output, in a tuple or list as the op returns them.
+PyObject* make_outputs(PyObject* func, PyObject* targs, PyObject* tkw, const Collected& c, PyObject* entry) {
+  Ref inputs(tuple_of(c.ins, c.n_ins));
+  Ref scalars(tuple_of(c.scalars, c.n_scalars));
+  if (!inputs || !scalars) return nullptr;
+  Ref node(make_node(func, targs, tkw, inputs.get(), scalars.get(), Py_None, Py_None, PyTuple_GET_ITEM(entry, 1),
+                     Py_None, PyTuple_GET_ITEM(entry, 0)));
+  Ref node_in(node ? PyTuple_Pack(1, node.get()) : nullptr);
+  if (!node_in) return nullptr;
+  PyObject* outs = PyTuple_GET_ITEM(entry, 2);
+  Py_ssize_t n = PyTuple_GET_SIZE(outs);
+  bool is_list = PyTuple_GET_ITEM(entry, 3) == Py_True;
+  Ref result(is_list ? PyList_New(n) : PyTuple_New(n));
+  if (!result) return nullptr;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* o = PyTuple_GET_ITEM(outs, i);  // (getitem signature, desc, numel, (index,)) or None
+    if (o == Py_None) {
+      Py_INCREF(Py_None);
+      if (is_list) {
+        PyList_SET_ITEM(result.get(), i, Py_None);
+      } else {
+        PyTuple_SET_ITEM(result.get(), i, Py_None);
+      }
+      continue;
+    }
+    PyObject* desc = PyTuple_GET_ITEM(o, 1);
+    Ref value(make_node(g.getitem_op, PyTuple_GET_ITEM(o, 3), g.empty_tuple, node_in.get(), g.empty_tuple,
+                        PyTuple_GET_ITEM(desc, 0), PyTuple_GET_ITEM(desc, 3), Py_None, Py_None,
+                        PyTuple_GET_ITEM(o, 0)));
+    PyObject* t = value ? new_base(desc, value.get(), PyTuple_GET_ITEM(o, 2)) : nullptr;
+    if (t == nullptr) return nullptr;
+    if (is_list) {
+      PyList_SET_ITEM(result.get(), i, t);
+    } else {
+      PyTuple_SET_ITEM(result.get(), i, t);
+    }
+  }
+  return result.release();
 }
 
 // Records ``func(*args, **kwargs)`` (a registered op); a new tensor, kBail, or NULL with an error set.
@@ -303,6 +417,7 @@ PyObject* record(PyObject* func, const FastOp& op, PyObject* args, PyObject* kwa
     return entry;
   }
   ++g.hits;
+  if (PyTuple_GET_SIZE(entry) == 5) return make_outputs(func, targs.get(), tkw.get(), c, entry);
   PyObject* sig = PyTuple_GET_ITEM(entry, 0);
   PyObject* desc = PyTuple_GET_ITEM(entry, 1);
   PyObject* shape = PyTuple_GET_ITEM(desc, 0);
@@ -541,8 +656,8 @@ PyObject* torch_dispatch(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyO
 }
 
 PyObject* configure(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 12) {
-    PyErr_SetString(PyExc_TypeError, "configure() takes 12 arguments");
+  if (nargs != 14 || !PyTuple_Check(args[13])) {
+    PyErr_SetString(PyExc_TypeError, "configure() takes 14 arguments (the last a tuple of types)");
     return nullptr;
   }
   for (int i = 0; i < 3; ++i) {
@@ -563,8 +678,8 @@ PyObject* configure(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "configure(): scalar markers for float, int and bool are needed");
     return nullptr;
   }
-  PyObject* objs[] = {args[0], args[1], args[2], args[3], args[4], args[5], args[6],
-                      fm,      im,      bm,      args[8], args[9], args[10], args[11]};
+  PyObject* objs[] = {args[0], args[1], args[2], args[3], args[4], args[5], args[6], fm,
+                      im,      bm,      args[8], args[9], args[10], args[11], args[12], args[13]};
   for (PyObject* o : objs) Py_INCREF(o);  // held for the life of the process
   g.lazy_type = reinterpret_cast<PyTypeObject*>(args[0]);
   g.out_type = reinterpret_cast<PyTypeObject*>(args[1]);
@@ -580,6 +695,8 @@ PyObject* configure(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   g.slow_dispatch = args[9];
   g.view_value = args[10];
   g.view_step = args[11];
+  g.getitem_op = args[12];
+  g.static_types = args[13];
   if (g.fast_cache == nullptr) {
     g.fast_cache = PyDict_New();
     g.empty_tuple = PyTuple_New(0);

@@ -10,7 +10,8 @@ namespace lazy {
 PyObject* torch_dispatch(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames);
 
 // configure(lazy_tensor_type, out_type, dtype_type, make_wrapper, device, layout, tensor_marker, scalar_markers,
-//           memo, slow_dispatch, view_value, view_step_type): the Python objects the hot path uses.
+//           memo, slow_dispatch, view_value, view_step_type, getitem_op, static_types): the Python objects the hot
+//           path uses.
 PyObject* configure(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 // register_op(func, desc, kinds, kw_kinds, kind, functional): ``func`` is recorded as record_functional (kind 0),

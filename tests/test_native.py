@@ -393,6 +393,54 @@ def test_inplace_errors_and_casts_stay_eagers():
     torch.testing.assert_close(f.cpu(), torch.full((3,), 2.0, dtype=torch.float64))
 
 
+# ---- several outputs, static memory formats and bool lists ----
+
+def _multi(x, w, b):
+    v, i = x.max(1)
+    s, idx = torch.sort(x, dim=0)
+    var, mean = torch.var_mean(x, dim=1)
+    ln = torch.nn.functional.layer_norm(x, (6,), w, b)  # native_layer_norm: three outputs
+    c = x.clone(memory_format=torch.contiguous_format)
+    return [v, i, s, idx, var, mean, ln, c]
+
+
+def test_multi_output_ops_on_the_fast_path():
+    xc, wc, bc = torch.randn(4, 6), torch.randn(6), torch.randn(6)
+    x, w, b = xc.to(L), wc.to(L), bc.to(L)
+    _multi(x, w, b)  # first calls: memoized and registered by the Python recorder
+    hits, misses = _C.fast_path_stats()
+    fast = _multi(x, w, b)
+    assert _C.fast_path_stats()[1] == misses and _C.fast_path_stats()[0] - hits >= 5
+    assert isinstance(fast, list) and type(torch.sort(x, dim=0)) is type(torch.sort(xc, dim=0))
+    _fast(False)
+    slow = _multi(x, w, b)
+    assert linearize([value(t) for t in fast]).key == linearize([value(t) for t in slow]).key
+    for f, e in zip(fast, _multi(xc, wc, bc)):
+        torch.testing.assert_close(f.cpu(), e)
+        assert f.dtype == e.dtype and f.shape == e.shape and f.stride() == e.stride()
+
+
+def test_backward_with_output_masks_on_the_fast_path():
+    """native_layer_norm_backward's bool[3] output mask is a static template item in C as in Python."""
+    xc, wc = torch.randn(4, 6), torch.randn(6)
+
+    def grads(x, w):
+        x, w = x.clone().requires_grad_(), w.clone().requires_grad_()
+        torch.nn.functional.layer_norm(x, (6,), w).pow(2).sum().backward()
+        return x.grad, w.grad
+
+    grads(xc.to(L), wc.to(L))
+    misses = _C.fast_path_stats()[1]
+    gx, gw = grads(xc.to(L), wc.to(L))
+    assert _C.fast_path_stats()[1] == misses
+    _fast(False)
+    sx, sw = grads(xc.to(L), wc.to(L))
+    assert linearize([value(gx), value(gw)]).key == linearize([value(sx), value(sw)]).key
+    ex, ew = grads(xc, wc)
+    torch.testing.assert_close(gx.cpu(), ex)
+    torch.testing.assert_close(gw.cpu(), ew)
+
+
 # ---- aliases of a base (Note [Aliases of a base are bases]) ----
 
 def test_aliases_of_a_base_are_bases_and_share_updates():

@@ -21,7 +21,7 @@ from ..debug import metrics
 from ..debug.log import log
 from ..device.tensor import LAZY_DEVICE, LazyTensor, Storage, adopt, new_tensor, wrap
 from ..ir.layout import contiguous_stride, storage_numel
-from ..ir.node import DEVICE, GENERATOR, SCALAR_MARKERS, TENSOR, Node, data_leaf, getitem
+from ..ir.node import DEVICE, GENERATOR, GETITEM, SCALAR_MARKERS, TENSOR, Node, data_leaf, getitem
 from ..ir.ops import functionalized, seeded
 from ..runtime.reference import eager_dispatch
 from . import views
@@ -649,7 +649,8 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 _C.configure(LazyTensor, Out, torch.dtype, torch.Tensor._make_wrapper_subclass, LAZY_DEVICE, torch.strided,
-             TENSOR, SCALAR_MARKERS, MEMO, dispatch_slow, _value, views.ViewStep)
+             TENSOR, SCALAR_MARKERS, MEMO, dispatch_slow, _value, views.ViewStep, GETITEM,
+             (torch.memory_format, torch.layout))  # the types _flat keeps as they are, besides dtype
 # Views share their base's C++ StorageImpl (csrc/alias.cpp), reading TensorImpl addresses straight from tensor
 # objects where this probe finds that agrees with tensor._cdata.
 _C.probe_layout(torch.empty(0), torch.Tensor._make_wrapper_subclass(LazyTensor, (2,), (1,), 0, None, torch.float32,
