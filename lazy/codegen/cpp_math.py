@@ -103,7 +103,8 @@ LZ_INL uint32_t lz_asu(float f) { uint32_t i; __builtin_memcpy(&i, &f, 4); retur
 # value (not correctly rounded for 17.2 M of the 520 M values whose result is neither 0, 1 nor inf: 3.3 %; the
 # double evaluation before was within ~0.5 ulp); +-inf, 0 and NaN exactly where eager's are; the vector clone and
 # the scalar entry point bit-identical (tests/test_cpp_math.py checks a dense sweep of each). Eager's torch.exp in
-# these x86 wheels is MKL's vsExp, not SLEEF: nearly correctly rounded, 1 ulp from ours for 24 M values.
+# these x86 wheels is MKL's vsExp, not SLEEF: nearly correctly rounded, 1 ulp from ours for 24 M values. Eager's
+# sigmoid does call SLEEF's exp: lazy's sigmoid is bit-identical to it over the sweep of tests/test_cpp_math.py.
 _EXP_F32 = r"""
 LZ_INL float lz_exp_f32(float x) {{
   const float t = x * 0x1.715476p+0f + 0x1.8p23f;  // q = rint(x / ln2): an integer in the low bits of t
