@@ -203,3 +203,16 @@ def test_shape_errors_raised_at_record_time():
     with pytest.raises(RuntimeError):
         torch.ones(2, 3, device=L) @ torch.ones(2, 3, device=L)
     assert metrics.counter("executed_graphs") == 0
+
+
+def test_to_lazy_keeps_eager_strides():
+    """.to("lazy") keeps a dense layout's strides (contiguous, transposed, channels_last) and makes others
+    contiguous, as .to(another device) does in eager."""
+    base = torch.randn(2, 3, 4, 5)
+    cases = [base, base.transpose(1, 3), base.contiguous(memory_format=torch.channels_last), base[:, :, ::2],
+             base[0].expand(3, 3, 4, 5), base[1:]]
+    for t in cases:
+        lz = t.to("lazy")
+        assert lz.stride() == t.clone().stride()  # clone's preserve_format: eager's rule for a copy
+        torch.testing.assert_close(lz.cpu(), t)
+    assert cases[1].to("lazy").stride() == cases[1].stride() and cases[3].to("lazy").is_contiguous()

@@ -424,7 +424,7 @@ def record_to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
         return _from_data(data)
     if device is None or device.type == "lazy":
         return record_functional(func, args, kwargs)
-    if not torch._prims_common.is_non_overlapping_and_dense_or_false(x):
+    if not _non_overlapping_and_dense(x):
         # NOTE: eager copies an overlapping (expanded) or gapped tensor into a dense one (empty_like's
         # preserve_format); so does a clone, and the sync then materializes that.
         x = record_functional(aten.clone.default, (x,), {})
@@ -505,7 +505,12 @@ def _from_data(data: torch.Tensor) -> LazyTensor:
 
 
 def _dense(t: torch.Tensor) -> bool:
-    return torch._prims_common.is_non_overlapping_and_dense_or_false(t) and t.storage_offset() == 0
+    return _non_overlapping_and_dense(t) and t.storage_offset() == 0
+
+
+def _non_overlapping_and_dense(t: torch.Tensor) -> bool:
+    # is_contiguous() answers the common case in C; torch's check (Python, symbolic-shape aware) costs ~40 us
+    return t.is_contiguous() or torch._prims_common.is_non_overlapping_and_dense_or_false(t)
 
 
 def _wrap_result(result: Any, originals: dict) -> Any:
