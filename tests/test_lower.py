@@ -421,3 +421,15 @@ def test_extern_view_of_a_temporary_kept_alive_in_and_out_of_the_arena(n):
         return [t.t() @ x + u, (t.t()[: n // 2] @ x[:, :3]).relu()]
 
     check(fn, x, atol=1e-4, rtol=1e-4)
+
+
+def test_broadcast_shapes_is_eagers():
+    from lazy.lower.values import broadcast_shapes
+    cases = [((2, 3), (3,)), ((1,), (4, 1, 5), (2, 1)), ((0, 1), (1, 3)), ((), (2, 2)), ((1, 0), (4, 1)), ((5,),)]
+    for shapes in cases:
+        assert broadcast_shapes(*shapes) == tuple(torch.broadcast_shapes(*shapes))
+    for shapes in [((2, 3), (4,)), ((0,), (2,)), ((3, 2), (2, 3))]:
+        with pytest.raises(ValueError):
+            broadcast_shapes(*shapes)
+        with pytest.raises(RuntimeError):
+            torch.broadcast_shapes(*shapes)

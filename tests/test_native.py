@@ -325,18 +325,23 @@ def test_composite_methods_are_not_taken():
     torch.testing.assert_close(x.to(L).square().cpu(), x.square())
 
 
-def test_plain_programs_never_dispatch_to_the_subclass():
+@pytest.mark.parametrize("compiler", ["auto", "cpp"])
+def test_plain_programs_import_nothing_heavy(compiler, tmp_path):
     """A chain of methods and .cpu() skip the dispatcher's Python key: in a fresh process, torch never imports
-    torch.distributed.tensor (its first Python-subclass dispatch does, ~0.25 s; pointwise_chain.py's fresh run)."""
+    torch.distributed.tensor (its first Python-subclass dispatch does, ~0.25 s; pointwise_chain.py's fresh run),
+    and neither recording, syncing nor compiling imports sympy (torch's symbolic shapes, ~0.6 s)."""
+    import os
     import subprocess
     import sys
     code = ("import sys, torch, lazy\n"
             "x = torch.randn(4, 4).to('lazy')\n"
             "y = ((x * 1.01 + 0.1).sin().relu() - 0.05).exp()\n"
             "assert torch.allclose(y.cpu(), ((x.cpu() * 1.01 + 0.1).sin().relu() - 0.05).exp())\n"
-            "print('torch.distributed.tensor' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["False"]
+            "print(lazy.metrics.counter('cpp.compiles'), 'torch.distributed.tensor' in sys.modules, "
+            "'sympy' in sys.modules)\n")
+    env = dict(os.environ, LAZY_COMPILER=compiler, LAZY_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert out.split() == ["1" if compiler == "cpp" else "0", "False", "False"]
 
 
 def test_cpu_method_takes_torchs_path_when_autograd_records():

@@ -19,3 +19,14 @@ def storage_numel(shape: Sequence[int], stride: Sequence[int], offset: int = 0) 
     if any(s == 0 for s in shape):
         return offset
     return offset + 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+
+
+def non_overlapping_and_dense(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    """Whether a tensor of this shape and stride covers its memory exactly once (some permutation of it is
+    contiguous), as c10's TensorImpl computes it: size-1 dims are ignored, the others sorted by stride."""
+    expected = 1
+    for st, n in sorted((st, n) for n, st in zip(shape, stride) if n != 1):
+        if st != expected:
+            return False
+        expected *= n
+    return True

@@ -78,7 +78,16 @@ def check_dtype(dtype: torch.dtype) -> None:
 
 
 def broadcast_shapes(*shapes: Sequence[int]) -> Tuple[int, ...]:
-    return tuple(torch.broadcast_shapes(*[torch.Size(s) for s in shapes]))
+    """Eager's broadcast of ``shapes`` (recorded ops were checked already). NOTE: not torch.broadcast_shapes: its
+    Python reference imports sympy (~0.6 s) the first time a process lowers a graph."""
+    out = [1] * max((len(s) for s in shapes), default=0)
+    for s in shapes:
+        for i, n in enumerate(s, len(out) - len(s)):
+            if n != 1 and out[i] != n:
+                if out[i] != 1:
+                    raise ValueError(f"shapes {[tuple(x) for x in shapes]} do not broadcast")
+                out[i] = n
+    return tuple(out)
 
 
 def operand(x: Any, shape: Sequence[int]) -> Callable[[Sequence[Expr]], Expr]:

@@ -18,6 +18,7 @@ from ..debug.explain import SYNC_LOG, SyncRecord, explain_miss
 from ..debug.log import log, user_frame
 from ..device.tensor import LazyTensor, Storage, pending_storages
 from ..ir.graph import linearize
+from ..ir.layout import non_overlapping_and_dense
 from ..ir.node import DATA, Node, data_leaf
 from ..runtime.reference import run_node
 from ..trace.views import value
@@ -93,8 +94,12 @@ def materialize(t: LazyTensor, cause: str) -> torch.Tensor:
     """``t`` as a new CPU tensor with ``t``'s strides (what ``.cpu()`` returns)."""
     data = data_of(t, cause)
     shape, stride, _, dtype = t._lz_desc
-    # eager's .cpu() layout: the same strides when dense, contiguous otherwise (an expanded tensor, say)
-    out = torch.empty_like(torch.empty_strided(shape, stride, dtype=dtype, device="meta"), device="cpu")
+    # eager's .cpu() layout: the same strides when dense, else empty_like's preserve_format choice (contiguous or
+    # channels-last). NOTE: not empty_like of a meta tensor: its Python reference imports sympy (~0.6 s) once.
+    if non_overlapping_and_dense(shape, stride):
+        out = torch.empty_strided(shape, stride, dtype=dtype)
+    else:
+        out = torch.empty_like(torch.empty_strided(shape, stride, dtype=dtype))
     out.copy_(data)
     metrics.bump("bytes_from_device", out.numel() * out.element_size())
     return out
