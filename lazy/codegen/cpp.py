@@ -245,11 +245,19 @@ INIT = {"sum": lambda t: f"{t}(0)", "prod": lambda t: f"{t}(1)",
         else f"std::numeric_limits<{t}>::lowest()",
         "min": lambda t: f"std::numeric_limits<{t}>::infinity()" if t in ("float", "double")
         else f"std::numeric_limits<{t}>::max()"}
+INIT["argmax"], INIT["argmin"] = INIT["max"], INIT["min"]
 # NOTE: max/min store unconditionally (a select): a conditional store to an accumulator array in lanes would be
 # vectorized as a masked store behind an "any lane?" branch, twice the code and no accumulator in a register.
 COMBINE = {"sum": "{acc} += {v};", "prod": "{acc} *= {v};",
            "max": "{acc} = ({v} != {v} || {v} > {acc}) ? {v} : {acc};",
            "min": "{acc} = ({v} != {v} || {v} < {acc}) ? {v} : {acc};"}
+# Note [Arg reductions] (lower/structure.py): a value replaces the accumulator only if it is strictly above (below)
+# it, or a NaN over a number, so the first of equal values (and the first NaN) keeps its index. Sequential (or one
+# accumulator per lane of a tiled kernel, each over the whole reduced loop in order): no combine across lanes.
+ARG_COMBINE = {"argmax": "{{ const bool c = ({v} != {v} && {acc} == {acc}) || {v} > {acc}; "
+                         "{acc} = c ? {v} : {acc}; {idx} = c ? {i} : {idx}; }}",
+               "argmin": "{{ const bool c = ({v} != {v} && {acc} == {acc}) || {v} < {acc}; "
+                         "{acc} = c ? {v} : {acc}; {idx} = c ? {i} : {idx}; }}"}
 
 
 class UnsupportedByRenderer(Exception):
@@ -426,12 +434,19 @@ def _render_stage(n: int, s: Stage, scope: _Scope, tile: Optional[_Blocks], arra
             blocks = _Blocks(scope.var_names[red_vars[-1]], red_vars[-1].args[1], lanes)
             red_vars = red_vars[:-1]
     acc = f"acc{n}" if blocks is None else f"acc{n}[l]"
+    arg = red.kind in kir.ARG_KINDS
+    idx = f"idx{n}" if blocks is None else f"idx{n}[l]"
     kept = _kept_arrays(n, s)
     lines.extend(f"{indent}{ctype(e.dtype)} {array}[{size}];" for array, size, e, _ in kept)
     if blocks is None:
         lines.append(f"{indent}{at} acc{n} = {init};")
+        if arg:
+            lines.append(f"{indent}int64_t idx{n} = 0;")
     else:
         lines.append(f"{indent}{at} acc{n}[{blocks.lanes}];")
+        if arg:
+            lines.append(f"{indent}int64_t idx{n}[{blocks.lanes}];")
+            lines.append(f"{indent}for (int64_t l = 0; l < {blocks.lanes}; ++l) {idx} = 0;")
         lines.append(f"{indent}for (int64_t l = 0; l < {blocks.lanes}; ++l) {acc} = {init};")
     ind = indent
     for v in red_vars:
@@ -458,11 +473,19 @@ def _render_stage(n: int, s: Stage, scope: _Scope, tile: Optional[_Blocks], arra
         combine = COMBINE[red.kind].format(acc=acc, v=f"({blocks.new()} ? v{n}[l] : {init})")
         lines.extend([f"{ind}}}", f"{ind}#pragma omp simd",
                       f"{ind}for (int64_t l = 0; l < {blocks.lanes}; ++l) {combine}"])
+    elif arg:
+        assert blocks is None or blocks is tile, "arg reductions are not run in lanes"
+        flat = kir.const(0, kir.INDEX)
+        for v in red.red_vars:
+            flat = kir.iadd(kir.imul(flat, v.args[1]), v)
+        lines.append(ind + ARG_COMBINE[red.kind].format(acc=acc, v=value, idx=idx, i=body.emit(flat)))
     else:
         lines.append(ind + COMBINE[red.kind].format(acc=acc, v=value))
     while ind != indent:
         ind = ind[:-2]
         lines.append(ind + "}")
+    if arg:
+        acc = idx
     if tile is not None:
         lines.append(f"{indent}{rt} {name}[{tile.lanes}];")
         lines.append(f"{indent}for (int64_t l = 0; l < {tile.lanes}; ++l) {name}[l] = {_reduced(s, acc)};")
@@ -474,7 +497,7 @@ def _render_stage(n: int, s: Stage, scope: _Scope, tile: Optional[_Blocks], arra
         combine = COMBINE[red.kind].format(acc=acc, v=f"acc{n}[l + w]")
         lines.append(f"{indent}  for (int64_t l = 0; l < w; ++l) {{ {combine} }}")
         lines.append(f"{indent}}}")
-    lines.append(f"{indent}const {rt} {name} = {_reduced(s, f'acc{n}' if blocks is None else f'acc{n}[0]')};")
+    lines.append(f"{indent}const {rt} {name} = {_reduced(s, acc if blocks is None else f'acc{n}[0]')};")
     scope.names[s.ref] = name
 
 

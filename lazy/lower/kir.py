@@ -70,8 +70,14 @@ class Buffer:
         return f"buf{self.id}"
 
 
+# The reductions whose result is an index (Note [Arg reductions] in structure.py): the int64 row-major flat index,
+# over ``red_shape``, of the first maximal (minimal) value of the body, a NaN above (below) every number.
+ARG_KINDS = frozenset({"argmax", "argmin"})
+
+
 class Reduction:
-    """``kind`` over ``red_shape`` for every index of ``out_shape``; ``body(out_idx, red_idx) -> Expr``.
+    """``kind`` over ``red_shape`` for every index of ``out_shape``; ``body(out_idx, red_idx) -> Expr``. Kinds:
+    sum, prod, max, min, and ARG_KINDS (``dtype`` int64, ``acc_dtype`` the type of the values compared).
 
     The body is built once over symbolic out/red variables (``out_vars``/``red_vars``, named after a tag unique in
     the lowering). Build reductions with ``reduction()``, which returns one object for equal ones."""

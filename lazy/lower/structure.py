@@ -127,12 +127,17 @@ def _dims(x: TVal, dims: Any) -> List[int]:
 
 def reduce(kind: str, x: TVal, dims: List[int], keepdim: bool, out: torch.dtype,
            body: Callable[[kir.Expr], kir.Expr] = lambda e: e) -> TVal:
-    """``kind`` ('sum'|'max'|'min'|'prod') of ``body(x)`` over ``dims``; the result is a lazy ``reduce`` ref."""
+    """``kind`` ('sum'|'max'|'min'|'prod', or 'argmax'|'argmin' with ``out`` int64: Note [Arg reductions]) of
+    ``body(x)`` over ``dims``; the result is a lazy ``reduce`` ref."""
     check_dtype(out)
     kept = [d for d in range(len(x.shape)) if d not in dims]
     red_shape = [x.shape[d] for d in dims]
     out_shape = [x.shape[d] for d in kept]
-    if kind in ("max", "min"):
+    value = out  # the type body(x) is computed in
+    if kind in kir.ARG_KINDS:
+        # NOTE: float16/bfloat16 compare in float (exact), as eager's kernels do
+        acc = value = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    elif kind in ("max", "min"):
         acc = out
     elif out.is_floating_point:
         acc = torch.float64  # NOTE: float sums accumulate in double: sound without pairwise summation.
@@ -145,7 +150,7 @@ def reduce(kind: str, x: TVal, dims: List[int], keepdim: bool, out: torch.dtype,
             idx[d] = v
         for d, v in zip(dims, rv):
             idx[d] = v
-        return kir.cast(body(kir.cast(x(idx), out)), acc)
+        return kir.cast(body(kir.cast(x(idx), value)), acc)
 
     red = kir.reduction(kind, out, acc, out_shape, red_shape, red_body)
     rv = set(red.red_vars)
@@ -189,12 +194,67 @@ LOWERINGS["aten.amax"] = LOWERINGS["prims.amax"] = _reduction("max")
 LOWERINGS["aten.amin"] = LOWERINGS["prims.amin"] = _reduction("min")
 
 
-def _extremum(kind: str) -> Callable[..., TVal]:
-    def lower(args: list, kwargs: dict, meta: tuple) -> TVal:
-        if len(args) > 1 or meta[0] is None:
-            raise Unlowerable(f"{kind} with a dim or another tensor")
-        return reduce(kind, args[0], _dims(args[0], None), False, meta[1])
+def _extremum(kind: str) -> Callable[..., Any]:
+    def lower(args: list, kwargs: dict, meta: tuple) -> Any:
+        if len(args) == 1 and "dim" not in kwargs:
+            if meta[0] is None:
+                raise Unlowerable(f"{kind} without a result")
+            return reduce(kind, args[0], _dims(args[0], None), False, meta[1])
+        # max.dim / min.dim: (values, indices) (Note [Arg reductions])
+        x, dim = args[0], args[1] if len(args) > 1 else kwargs["dim"]
+        if not isinstance(dim, int) or isinstance(dim, bool):
+            raise Unlowerable(f"{kind} with another tensor")
+        keepdim = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+        indices = _arg(f"arg{kind}", x, dim, keepdim)
+        nd = len(x.shape)
+        if nd == 0:
+            return [x, indices]
+        d = norm_dim(dim, nd)
+
+        def value(idx: Sequence[kir.Expr]) -> kir.Expr:
+            at = list(idx) if keepdim else list(idx[:d]) + [ZERO] + list(idx[d:])
+            at[d] = indices(idx)
+            return x(at)
+
+        return [TVal(indices.shape, x.dtype, value), indices]
     return lower
+
+
+# Note [Arg reductions]
+# argmax/argmin and the indices of max.dim/min.dim are reductions of kind 'argmax'/'argmin' (kir.ARG_KINDS): the
+# body is the value compared (in its own type; float16/bfloat16 in float32, as eager compares), the result the
+# row-major flat index over the reduced dims of the FIRST maximal (minimal) element, where a NaN is above (below)
+# every number and the first NaN wins; that is eager CPU's answer, also for -0.0 == 0.0 (a tie: the first) and for
+# argmax(dim=None) (the index into the flattened logical tensor). A backend must keep that answer wherever it
+# combines partial results (ties go to the smaller index). The values of max.dim/min.dim are then the input read
+# back at that index, not a separate max reduction: eager returns the element at its index, and a max combined in
+# lanes may return 0.0 where eager returns the -0.0 it met first. A reduced dim of size 0 stays an extern (eager
+# raises; the recorder already did).
+def _arg(kind: str, x: TVal, dim: Any, keepdim: bool) -> TVal:
+    dims = _dims(x, dim)
+    if any(x.shape[d] == 0 for d in dims):
+        raise Unlowerable(f"{kind} over an empty dim")
+    return reduce(kind, x, dims, keepdim, torch.int64)
+
+
+def _arg_reduction(kind: str) -> Callable[..., TVal]:
+    def lower(args: list, kwargs: dict, meta: tuple) -> TVal:
+        x = args[0]
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        keepdim = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+        if dim is not None and (not isinstance(dim, int) or isinstance(dim, bool)):
+            raise Unlowerable(f"{kind} with a dim of type {type(dim).__name__}")
+        if x.dtype is torch.bool:
+            raise Unlowerable(f"{kind} of bool")  # eager raises
+        r = _arg(kind, x, dim, keepdim)
+        if tuple(r.shape) != tuple(meta[0]):
+            raise Unlowerable(f"{kind}: shape {r.shape} differs from the recorded {meta[0]}")
+        return r
+    return lower
+
+
+LOWERINGS["aten.argmax"] = _arg_reduction("argmax")
+LOWERINGS["aten.argmin"] = _arg_reduction("argmin")
 
 
 LOWERINGS["aten.max"] = _extremum("max")
