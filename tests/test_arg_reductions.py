@@ -144,3 +144,31 @@ def test_random_against_eager():
         dim = int(torch.randint(-nd, nd, (), generator=g))
         check(lambda x: [x.argmax(dim), x.argmin(dim, True), *x.max(dim), *x.min(dim, True), x.argmax(),
                          (x.abs() + 1).argmin(), x.permute(*reversed(range(nd))).argmax(0)], x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int8, torch.uint8, torch.bool])
+def test_lanes_keep_the_first_index(dtype):
+    """Rows of every extent around the lane counts (Note [Reductions in lanes]: blocks of lanes, a shifted last
+    block, a tree over the lanes), each with its maximum and minimum twice at random places, NaNs in several lanes,
+    rows all equal to the accumulator's initial value; dim=None reduces three dims with the innermost in lanes."""
+    g = torch.Generator().manual_seed(7)
+    for n in (1, 2, 3, 7, 31, 32, 33, 63, 64, 65, 100, 257):
+        rows = torch.randint(0, 3, (12, n), generator=g)
+        for r in range(8):
+            a, b = torch.randint(0, n, (2,), generator=g).tolist()
+            rows[r, a] = rows[r, b] = 5 if r % 2 else -5
+        x = rows.to(dtype) if dtype is not torch.bool else rows > 1
+        if dtype.is_floating_point:
+            x[8, torch.randint(0, n, (3,), generator=g)] = NAN
+            x[9] = NAN
+            x[10] = float("-inf")
+            x[11] = float("inf")
+        elif dtype is not torch.bool:
+            x[10] = torch.iinfo(dtype).min
+            x[11] = torch.iinfo(dtype).max
+        y = x.reshape(3, 4, n)
+        if dtype is torch.bool:
+            check(lambda x, y: [*x.max(1), *x.min(1), *y.max(-1, True)], x, y)
+        else:
+            check(lambda x, y: [x.argmax(1), x.argmin(1), *x.max(1), *x.min(1), y.argmax(), y.argmin(),
+                                (y * 1).argmax(None, True)], x, y)
