@@ -433,3 +433,23 @@ def test_broadcast_shapes_is_eagers():
             broadcast_shapes(*shapes)
         with pytest.raises(RuntimeError):
             torch.broadcast_shapes(*shapes)
+
+
+@pytest.mark.parametrize("case", ["frac of int64", "abs of bool", "relu of bool", "sqrt of float"])
+def test_dtypes_eager_rejects_stay_externs(case, cpu_backing):
+    """Note [Dtypes eager rejects]: meta kernels accept frac of integers and abs/relu of bool, eager's CPU kernels
+    raise; the compiled graph raises eager's error at the sync instead of computing a value."""
+    x = torch.arange(-3, 3).reshape(2, 3)
+    fn = {"frac of int64": lambda t: t.frac(), "abs of bool": lambda t: (t > 0).abs(),
+          "relu of bool": lambda t: (t > 0).relu(), "sqrt of float": lambda t: (t * 1.5).abs().sqrt()}[case]
+    with lazy.config.override(compiler="cpp"):
+        metrics.reset()
+        try:
+            expected = fn(x)
+        except Exception as e:  # noqa: BLE001
+            with pytest.raises(type(e)):
+                fn(x.to("lazy")).cpu()
+            assert sum(v for k, v in metrics.counters().items() if k.startswith("extern.")) == 1
+        else:
+            torch.testing.assert_close(fn(x.to("lazy")).cpu(), expected)
+            assert not any(k.startswith("extern.") for k in metrics.counters())

@@ -173,8 +173,58 @@ def _meta(node: Node) -> tuple:
     return (node.shape, node.dtype) if node.shape is not None else node.metas
 
 
+# Note [Dtypes eager rejects]
+# Meta kernels accept some dtypes that eager's CPU kernels reject ("frac_cpu" not implemented for 'Long'; abs and
+# relu of bool): recording succeeds and the reference executor raises at the sync, but a lowered kernel would
+# compute a value. A pointwise node is lowered only if eager runs its op on one-element tensors of its inputs'
+# dtypes, with placeholder scalars so that the answer never depends on a runtime value; otherwise it stays an
+# extern call, which raises at the sync as the reference executor does. The probe runs once per signature and
+# input dtypes, on the cpu (the C++ backend's device).
+_EAGER_ACCEPTS: Dict[tuple, bool] = {}
+
+
+def _eager_accepts(node: Node) -> bool:
+    op = node.op
+    if not isinstance(op, torch._ops.OpOverload) or torch.Tag.pointwise not in op.tags:
+        return True
+    key = (node.sig, tuple(i.dtype for i in node.inputs))
+    ok = _EAGER_ACCEPTS.get(key)
+    if ok is None:
+        ok = _EAGER_ACCEPTS[key] = _eager_runs(node)
+    return ok
+
+
+def _eager_runs(node: Node) -> bool:
+    ins = iter([torch.ones((1,) * len(i.shape or ()), dtype=i.dtype) for i in node.inputs])
+
+    def fill(v: Any) -> Any:
+        if v is TENSOR:
+            return next(ins)
+        if v is DEVICE:
+            return None
+        if type(v) is _Marker:
+            if v is GENERATOR:
+                return None
+            return next(k for k, m in SCALAR_MARKERS.items() if m is v)(1)
+        if type(v) is tuple:
+            return [fill(x) for x in v]
+        return v
+
+    try:
+        args = [fill(v) for v in node.args]
+        kwargs = {k: fill(v) for k, v in node.kwargs}
+        with torch._C._ForceDispatchKeyGuard(*_EAGER_KEYS):  # no mode or subclass of the caller sees the probe
+            node.op(*args, **kwargs)
+    except Exception:  # noqa: BLE001 -- whatever eager raises, the extern call will raise it too
+        return False
+    return True
+
+
+_EAGER_KEYS = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
+
+
 def _lower_node(out: Lowered, node: Node, ins: List[Any], slot: int) -> Any:
-    if _supported(node):
+    if _supported(node) and _eager_accepts(node):
         fn = LOWERINGS.get(_key(node.op))
         if fn is not None:
             try:
