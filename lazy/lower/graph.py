@@ -9,7 +9,7 @@ must be: graph outputs, extern inputs, and shared values too big to recompute.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -146,22 +146,34 @@ def _supported(node: Node) -> bool:
         all(i.dtype in SUPPORTED_DTYPES for i in node.inputs)
 
 
-def _fill(value: Any, ins: Any, slots: Any) -> Any:
+def _fill(value: Any, ins: Any, scalar: Callable[[_Marker], Any]) -> Any:
+    """A node's argument template with its tensors taken from ``ins`` and each marker replaced by ``scalar(marker)``."""
     if value is TENSOR:
         return next(ins)
     if value is DEVICE:
         return None
     if type(value) is _Marker:
-        if value is GENERATOR:
+        return scalar(value)
+    if type(value) is tuple:
+        return [_fill(v, ins, scalar) for v in value]
+    return value
+
+
+def _kind(marker: _Marker) -> type:
+    return next(k for k, m in SCALAR_MARKERS.items() if m is marker)
+
+
+def _scalar_args(slots: Any) -> Callable[[_Marker], ScalarArg]:
+    """Markers as the kernel's runtime scalars, numbered from ``slots``."""
+    def arg(marker: _Marker) -> ScalarArg:
+        if marker is GENERATOR:
             raise Unlowerable("random op")
         s = next(slots)
-        kind = next(k for k, m in SCALAR_MARKERS.items() if m is value)
+        kind = _kind(marker)
         if kind not in (int, float, bool):
             raise Unlowerable("complex scalar")
         return ScalarArg(s, int if kind is bool else kind)
-    if type(value) is tuple:
-        return [_fill(v, ins, slots) for v in value]
-    return value
+    return arg
 
 
 def _key(op: Any) -> str:
@@ -194,25 +206,15 @@ def _eager_accepts(node: Node) -> bool:
     return ok
 
 
+def _placeholder(marker: _Marker) -> Any:
+    return None if marker is GENERATOR else _kind(marker)(1)
+
+
 def _eager_runs(node: Node) -> bool:
     ins = iter([torch.ones((1,) * len(i.shape or ()), dtype=i.dtype) for i in node.inputs])
-
-    def fill(v: Any) -> Any:
-        if v is TENSOR:
-            return next(ins)
-        if v is DEVICE:
-            return None
-        if type(v) is _Marker:
-            if v is GENERATOR:
-                return None
-            return next(k for k, m in SCALAR_MARKERS.items() if m is v)(1)
-        if type(v) is tuple:
-            return [fill(x) for x in v]
-        return v
-
     try:
-        args = [fill(v) for v in node.args]
-        kwargs = {k: fill(v) for k, v in node.kwargs}
+        args = _fill(node.args, ins, _placeholder)
+        kwargs = {k: _fill(v, ins, _placeholder) for k, v in node.kwargs}
         with torch._C._ForceDispatchKeyGuard(*_EAGER_KEYS):  # no mode or subclass of the caller sees the probe
             node.op(*args, **kwargs)
     except Exception:  # noqa: BLE001 -- whatever eager raises, the extern call will raise it too
@@ -231,9 +233,10 @@ def _lower_node(out: Lowered, node: Node, ins: List[Any], slot: int) -> Any:
                 # NOTE: a float16/bfloat16 op computes in float32 and rounds once, as eager's kernels (opmath) do:
                 # addcmul, lerp or gelu lowered in half would round between their parts
                 half = _has_half(node)
-                it, slots = iter(_upcast(ins) if half else ins), iter(range(slot, slot + len(node.scalars)))
-                args = _fill(node.args, it, slots)
-                kwargs = {k: _fill(v, it, slots) for k, v in node.kwargs}
+                it = iter(_upcast(ins) if half else ins)
+                scalars = _scalar_args(iter(range(slot, slot + len(node.scalars))))
+                args = _fill(node.args, it, scalars)
+                kwargs = {k: _fill(v, it, scalars) for k, v in node.kwargs}
                 return _as_recorded(fn(args, kwargs, _opmath(_meta(node)) if half else _meta(node)), node)
             except Exception:  # noqa: BLE001 -- an overload the table does not cover runs as an extern call
                 pass
