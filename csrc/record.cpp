@@ -313,17 +313,24 @@ PyObject* cache_entry(PyObject* func, const FastOp& op, PyObject* key, PyObject*
   return made.get();  // the cache holds it now
 }
 
-// A new lazy tensor of metadata ``desc`` owning a new storage whose value is ``value`` (record.py's new_tensor).
-PyObject* new_base(PyObject* desc, PyObject* value, PyObject* numel_obj) {
-  PyObject* shape = PyTuple_GET_ITEM(desc, 0);
-  PyObject* stride = PyTuple_GET_ITEM(desc, 1);
-  PyObject* wrapper_args[] = {reinterpret_cast<PyObject*>(g.lazy_type), shape, stride, PyTuple_GET_ITEM(desc, 2),
-                              Py_None, PyTuple_GET_ITEM(desc, 3), g.layout, g.device};
+// A new LazyTensor wrapper of metadata ``desc`` (shape, stride, offset, dtype), with ``_lz_desc`` set and no
+// storage yet (record.py's wrap before its storage is given).
+PyObject* new_wrapper(PyObject* desc) {
+  PyObject* wrapper_args[] = {reinterpret_cast<PyObject*>(g.lazy_type), PyTuple_GET_ITEM(desc, 0),
+                              PyTuple_GET_ITEM(desc, 1), PyTuple_GET_ITEM(desc, 2), Py_None,
+                              PyTuple_GET_ITEM(desc, 3), g.layout, g.device};
   Ref t(PyObject_Vectorcall(g.make_wrapper, wrapper_args, 8, nullptr));
   if (!t || PyObject_SetAttr(t.get(), g.name_desc, desc) != 0) return nullptr;
+  return t.release();
+}
+
+// A new lazy tensor of metadata ``desc`` owning a new storage whose value is ``value`` (record.py's new_tensor).
+PyObject* new_base(PyObject* desc, PyObject* value, PyObject* numel_obj) {
+  Ref t(new_wrapper(desc));
+  if (!t) return nullptr;
   long long numel = PyLong_AsLongLong(numel_obj);
   if (numel == -1 && PyErr_Occurred()) return nullptr;
-  Ref st(make_storage(value, shape, stride, numel));
+  Ref st(make_storage(value, PyTuple_GET_ITEM(desc, 0), PyTuple_GET_ITEM(desc, 1), numel));
   if (!st || PyObject_SetAttr(t.get(), g.name_st, st.get()) != 0) return nullptr;
   return t.release();
 }
@@ -340,33 +347,24 @@ PyObject* make_outputs(PyObject* func, PyObject* targs, PyObject* tkw, const Col
   if (!node_in) return nullptr;
   PyObject* outs = PyTuple_GET_ITEM(entry, 2);
   Py_ssize_t n = PyTuple_GET_SIZE(outs);
-  bool is_list = PyTuple_GET_ITEM(entry, 3) == Py_True;
-  Ref result(is_list ? PyList_New(n) : PyTuple_New(n));
+  Ref result(PyList_New(n));
   if (!result) return nullptr;
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* o = PyTuple_GET_ITEM(outs, i);  // (getitem signature, desc, numel, (index,)) or None
+    PyObject* t = Py_None;
     if (o == Py_None) {
       Py_INCREF(Py_None);
-      if (is_list) {
-        PyList_SET_ITEM(result.get(), i, Py_None);
-      } else {
-        PyTuple_SET_ITEM(result.get(), i, Py_None);
-      }
-      continue;
-    }
-    PyObject* desc = PyTuple_GET_ITEM(o, 1);
-    Ref value(make_node(g.getitem_op, PyTuple_GET_ITEM(o, 3), g.empty_tuple, node_in.get(), g.empty_tuple,
-                        PyTuple_GET_ITEM(desc, 0), PyTuple_GET_ITEM(desc, 3), Py_None, Py_None,
-                        PyTuple_GET_ITEM(o, 0)));
-    PyObject* t = value ? new_base(desc, value.get(), PyTuple_GET_ITEM(o, 2)) : nullptr;
-    if (t == nullptr) return nullptr;
-    if (is_list) {
-      PyList_SET_ITEM(result.get(), i, t);
     } else {
-      PyTuple_SET_ITEM(result.get(), i, t);
+      PyObject* desc = PyTuple_GET_ITEM(o, 1);
+      Ref value(make_node(g.getitem_op, PyTuple_GET_ITEM(o, 3), g.empty_tuple, node_in.get(), g.empty_tuple,
+                          PyTuple_GET_ITEM(desc, 0), PyTuple_GET_ITEM(desc, 3), Py_None, Py_None,
+                          PyTuple_GET_ITEM(o, 0)));
+      t = value ? new_base(desc, value.get(), PyTuple_GET_ITEM(o, 2)) : nullptr;
+      if (t == nullptr) return nullptr;
     }
+    PyList_SET_ITEM(result.get(), i, t);
   }
-  return result.release();
+  return PyTuple_GET_ITEM(entry, 3) == Py_True ? result.release() : PyList_AsTuple(result.get());
 }
 
 // Records ``func(*args, **kwargs)`` (a registered op); a new tensor, kBail, or NULL with an error set.
@@ -421,15 +419,11 @@ PyObject* record(PyObject* func, const FastOp& op, PyObject* args, PyObject* kwa
   PyObject* sig = PyTuple_GET_ITEM(entry, 0);
   PyObject* desc = PyTuple_GET_ITEM(entry, 1);
   PyObject* shape = PyTuple_GET_ITEM(desc, 0);
-  PyObject* stride = PyTuple_GET_ITEM(desc, 1);
   PyObject* dtype = PyTuple_GET_ITEM(desc, 3);
 
-  PyObject* wrapper_args[] = {reinterpret_cast<PyObject*>(g.lazy_type), shape, stride, PyTuple_GET_ITEM(desc, 2),
-                              Py_None, dtype, g.layout, g.device};
   if (op.kind == kAlias && c.first_chain == Py_None) {  // a second base of self's storage: no node, no chain
-    Ref t(PyObject_Vectorcall(g.make_wrapper, wrapper_args, 8, nullptr));
-    if (!t || PyObject_SetAttr(t.get(), g.name_desc, desc) != 0 ||
-        PyObject_SetAttr(t.get(), g.name_st, c.first_st) != 0 || share_storage(t.get(), self) != 0) {
+    Ref t(new_wrapper(desc));
+    if (!t || PyObject_SetAttr(t.get(), g.name_st, c.first_st) != 0 || share_storage(t.get(), self) != 0) {
       return nullptr;
     }
     return t.release();
@@ -447,15 +441,9 @@ PyObject* record(PyObject* func, const FastOp& op, PyObject* args, PyObject* kwa
     Py_INCREF(self);
     return self;
   }
-  Ref t(PyObject_Vectorcall(g.make_wrapper, wrapper_args, 8, nullptr));
-  if (!t || PyObject_SetAttr(t.get(), g.name_desc, desc) != 0) return nullptr;
-  if (op.kind == kFunctional) {
-    long long numel = PyLong_AsLongLong(PyTuple_GET_ITEM(entry, 2));
-    if (numel == -1 && PyErr_Occurred()) return nullptr;
-    Ref st(make_storage(node.get(), shape, stride, numel));
-    if (!st || PyObject_SetAttr(t.get(), g.name_st, st.get()) != 0) return nullptr;
-    return t.release();
-  }
+  if (op.kind == kFunctional) return new_base(desc, node.get(), PyTuple_GET_ITEM(entry, 2));
+  Ref t(new_wrapper(desc));
+  if (!t) return nullptr;
   // A view (record.py's _view_tensor): the base's storage, the base's chain plus this step, the value cached
   // for the storage's current version.
   PyObject* step = PyTuple_GET_ITEM(entry, 3);
