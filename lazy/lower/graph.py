@@ -15,6 +15,7 @@ import torch
 
 from ..ir.graph import Linearized
 from ..ir.node import DATA, DEVICE, GENERATOR, GETITEM, SCALAR_MARKERS, TENSOR, Node, _Marker
+from ..runtime.reference import eager_dispatch
 from . import indexing, kir, structure, values  # noqa: F401 -- structure and indexing register their lowerings
 from .decompose import GETITEM_TARGET, ScalarRef, decompose
 from .pointwise import LOWERINGS
@@ -215,14 +216,11 @@ def _eager_runs(node: Node) -> bool:
     try:
         args = _fill(node.args, ins, _placeholder)
         kwargs = {k: _fill(v, ins, _placeholder) for k, v in node.kwargs}
-        with torch._C._ForceDispatchKeyGuard(*_EAGER_KEYS):  # no mode or subclass of the caller sees the probe
+        with eager_dispatch():  # no mode or subclass of the caller sees the probe
             node.op(*args, **kwargs)
     except Exception:  # noqa: BLE001 -- whatever eager raises, the extern call will raise it too
         return False
     return True
-
-
-_EAGER_KEYS = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
 
 
 def _lower_node(out: Lowered, node: Node, ins: List[Any], slot: int) -> Any:
