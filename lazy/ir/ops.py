@@ -84,14 +84,25 @@ def _clone(value: Any) -> Any:
 
 _SEEDED: Dict[Any, Op] = {}
 
+# Note [The seed of a seeded op]
+# A random op without a generator argument (native_dropout, the attention kernels' dropout) is recorded as
+# ``seeded(op)`` with the seed as one more keyword argument, SEED_KWARG, placed after the op's own keywords. Runtime
+# scalars are numbered by one walk of the argument template, positional arguments first, then keywords in order
+# (Note [Argument templates]); the seed's keyword is last in the template, so its scalar is last in that walk too,
+# wherever the op's own scalars are. (A seed appended as a positional argument while the op had a keyword scalar
+# took that keyword's slot: SDPA's ``scale=`` became the seed and the seed ``scale``.) The name is no identifier,
+# so it can never be one of the op's own parameters.
+SEED_KWARG = "lazy.seed"
+
 
 def seeded(op: Any) -> Op:
-    """A random op that takes no generator, run under the backing device's RNG seeded with the last argument."""
+    """A random op that takes no generator, run under the backing device's RNG seeded with ``kwargs[SEED_KWARG]``
+    (Note [The seed of a seeded op])."""
     if op in _SEEDED:
         return _SEEDED[op]
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        *args, seed = args
+        seed = kwargs.pop(SEED_KWARG)
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
         # NOTE: only the generator the op draws from is seeded and restored: torch.manual_seed + fork_rng would
         # also queue a CUDA seeding call (with a captured traceback) on every run, ~300 us on a cpu-only build.

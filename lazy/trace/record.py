@@ -21,7 +21,7 @@ from ..debug.log import log
 from ..device.tensor import LAZY_DEVICE, LazyTensor, Storage, adopt, new_tensor, wrap
 from ..ir.layout import contiguous_stride, non_overlapping_and_dense, storage_numel
 from ..ir.node import DEVICE, GENERATOR, GETITEM, SCALAR_MARKERS, TENSOR, Node, data_leaf, getitem
-from ..ir.ops import functionalized, seeded
+from ..ir.ops import SEED_KWARG, functionalized, seeded
 from ..runtime.reference import eager_dispatch
 from . import views
 from .meta import MEMO, Out, Unrecordable, UnsupportedLayout, infer
@@ -180,9 +180,9 @@ def record_functional(func: Any, args: tuple, kwargs: dict) -> Any:
     targs, tkw, ins, scs, memo = flatten(desc, args, kwargs)
     # NOTE: the OpDesc, not the OpOverload, keys the memo: it hashes by identity in C (OpOverload.__hash__ is Python)
     out = infer((desc, targs, tkw, tuple(memo)), func, args, kwargs)
-    if op is not func:
+    if op is not func:  # Note [The seed of a seeded op]: the last keyword, so the last runtime scalar
         scs.append(_draw_seed(None))
-        targs = targs + (SCALAR_MARKERS[int],)
+        tkw = tkw + ((SEED_KWARG, SCALAR_MARKERS[int]),)
     if type(out) is Out:  # the common case, without the generic output plumbing
         return new_tensor(out[:4], Node(op, targs, tkw, tuple(ins), tuple(scs), out[0], out[3]), out[4])
     node, values = emit_outputs(op, targs, tkw, ins, scs, out)
