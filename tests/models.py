@@ -86,6 +86,50 @@ class TinyGPT(nn.Module):
         return self.lm_head(self.ln(x))
 
 
+class GPT2Block(nn.Module):
+    """Hugging Face GPT-2's attention block as its modelling code writes it: a fused qkv projection, SDPA with an
+    explicit ``scale=`` and ``dropout_p`` only in training, residual dropout, pre-norm, GELU (tanh)."""
+
+    def __init__(self, d: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(approximate="tanh"), nn.Linear(4 * d, d))
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        hd = d // self.heads
+        q, k, v = (z.view(b, t, self.heads, hd).transpose(1, 2) for z in self.c_attn(self.ln_1(x)).split(d, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True,
+                                           scale=1.0 / math.sqrt(hd))
+        x = x + self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(b, t, d)))
+        return x + self.resid_dropout(self.mlp(self.ln_2(x)))
+
+
+class GPT2Like(nn.Module):
+    """GPT-2's shape in small: token and position embeddings, GPT2Blocks, a final norm, a head tied to the token
+    embedding."""
+
+    def __init__(self, vocab: int = 17, d: int = 16, heads: int = 2, layers: int = 2, block: int = 8,
+                 dropout: float = 0.0) -> None:
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(block, d)
+        self.drop = nn.Dropout(dropout)
+        self.h = nn.ModuleList([GPT2Block(d, heads, dropout) for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, idx):
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
 def batch(kind: str, step: int, device: str = "cpu", size: int = 8) -> tuple:
     """A deterministic (inputs, targets) batch for a model kind, on ``device``."""
     g = torch.Generator().manual_seed(1000 + step)

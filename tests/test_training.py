@@ -1,5 +1,6 @@
 """Training loops on the lazy device give eager's numbers, and settle into one cached graph per step."""
 import gc
+import math
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from lazy.cache import graph_cache
 from lazy.debug import metrics
 from lazy.device.tensor import live_storages
 
-from models import MODELS, batch, loss_fn
+from models import MODELS, GPT2Like, batch, loss_fn
 
 L = "lazy"
 # Parity is against eager on the backing device: the same kernels, so float32 tolerances hold even for AdamW,
@@ -80,6 +81,7 @@ GRADIENT_FREE = {
             "bn2.running_mean": slice(None)},
     "encoder": {"layer.self_attn.in_proj_bias": slice(16, 32)},
     "gpt": {"blocks.0.qkv.bias": slice(16, 32)},
+    "gpt2": {f"h.{i}.c_attn.bias": slice(16, 32) for i in range(2)},
 }
 CPP_STEPS, CPP_EVAL_EVERY = 20, 7
 
@@ -106,6 +108,11 @@ def _cpp_parity(kind, opt_name, tmp_path):
         loose = i in evals and any("running_mean" in k for k in free)
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=bound if loose else 1e-5,
                                    msg=lambda m: f"loss {i}: {m}")
+    _assert_state_close(got_state, want_state, free, bound)
+
+
+def _assert_state_close(got_state, want_state, free, bound):
+    """Parameters and buffers within the parity bound; the gradient-free slices ``free`` within AdamW's ``bound``."""
     for name, want in want_state.items():
         got = got_state[name].clone()
         if name in free:
@@ -316,3 +323,60 @@ def test_conv1d_mha_softmax_mse_parity():
     torch.testing.assert_close(torch.tensor(results[1][0]), torch.tensor(results[0][0]), rtol=1e-4, atol=1e-5)
     for got, want in zip(results[1][1], results[0][1]):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _train_gpt2(device, steps, dropout, seed=0):
+    """GPT2Like trained with AdamW; losses and final parameters on the cpu."""
+    torch.manual_seed(seed)
+    model = GPT2Like(dropout=dropout).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    losses = []
+    for step in range(steps):
+        x, y = batch("gpt", step, device)
+        logits = model(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if device == L:
+            lazy.mark_step()
+        losses.append(loss.item())
+    assert model.lm_head.weight is model.wte.weight
+    return losses, {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+def test_gpt2_block_parity():
+    """GPT-2's attention as Hugging Face writes it (SDPA with ``scale=``, dropout 0.0, a tied head) trains as eager
+    does, with AdamW, under both executors: SDPA's recorded kernel takes a keyword scalar beside its seed."""
+    if EAGER != "cpu":
+        pytest.xfail("on cuda, eager picks fused attention kernels that lazy does not mirror yet; AdamW amplifies "
+                     "their rounding differences")
+    steps = 8
+    want_losses, want_state = _train_gpt2(EAGER, steps, dropout=0.0)
+    for compiler in ("reference", "cpp"):
+        with lazy.config.override(compiler=compiler):
+            got_losses, got_state = _train_gpt2(L, steps, dropout=0.0)
+        torch.testing.assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=1e-4, atol=1e-5)
+        # The reference executor runs eager's kernels: exact but for the last bits; the compiled kernels round
+        # differently, which AdamW amplifies on the gradient-free key bias (GRADIENT_FREE).
+        free = GRADIENT_FREE["gpt2"] if compiler == "cpp" else {}
+        _assert_state_close(got_state, want_state, free, 3e-3 * steps)
+
+
+def test_gpt2_block_with_dropout(cpu_backing):
+    """With dropout 0.1 (attention and residual), lazy's random numbers are its own (as CUDA's are), so the check is:
+    both executors draw the same masks from the same seed, a seed reproduces a run, another seed changes it, and the
+    model learns. On the cpu, where both executors run."""
+    with lazy.config.override(compiler="reference"):
+        ref_losses, ref_state = _train_gpt2(L, 6, dropout=0.1)
+        again, _ = _train_gpt2(L, 6, dropout=0.1)
+        other, _ = _train_gpt2(L, 6, dropout=0.1, seed=1)
+    with lazy.config.override(compiler="cpp"):
+        cpp_losses, cpp_state = _train_gpt2(L, 6, dropout=0.1)
+    assert ref_losses == again
+    assert other != ref_losses
+    torch.testing.assert_close(torch.tensor(cpp_losses), torch.tensor(ref_losses), rtol=1e-4, atol=1e-5)
+    _assert_state_close(cpp_state, ref_state, GRADIENT_FREE["gpt2"], 3e-3 * 6)
+    no_dropout, _ = _train_gpt2("cpu", 6, dropout=0.0)
+    assert ref_losses[-1] < ref_losses[0] and all(math.isfinite(v) for v in ref_losses)
+    assert ref_losses != no_dropout  # dropout did act
