@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch  # noqa: F401 -- first: lazy._C links torch's libc10, which torch's import loads (setup.py)
 
+from . import compat as _compat
 from .config import config
 from .debug import metrics
 from .debug.explain import explain
@@ -18,6 +19,7 @@ from .sync import mark_step, sync_tensors, wait_device_ops
 
 _factories.register()
 _sdpa.register()
+_compat.install()
 
 __version__ = "0.1.0"
 device = LAZY_DEVICE

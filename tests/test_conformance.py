@@ -3,20 +3,20 @@
 For each OpInfo and dtype (float32, int64, where the OpInfo supports it on CPU) the first sample input (every
 sample with ``LAZY_CONFORMANCE_ALL=1``, a slow run: ``-m slow``) runs eagerly on CPU, then on lazy copies; every
 tensor output is synced with ``.cpu()`` and compared with ``assert_close`` (dtype and shape included). The
-in-place variant, where one exists and eager accepts the sample, is compared through the mutated input. Random
-ops compare only shape and dtype. So does the ``out=`` form, where the OpInfo supports it. Pairs eager rejects
-are skipped and not counted.
+in-place variant, where one exists and eager accepts the sample, is compared through the mutated input, and so is
+the ``out=`` form, where the OpInfo supports it. Random ops run as PyTorch's harness runs them, through the OpInfo's
+own callable (``torch.testing._utils.wrapper_set_seed``, which calls ``torch._lazy.mark_step()``: lazy's, see
+lazy/compat.py): their values are lazy's own, so they compare shape, dtype, device, where the values lie (finite,
+integers, non-negative, within [0, 1] wherever eager's are) and that a second run under the same seed gives the same
+values; uninitialized outputs (``empty``) compare shape and dtype. Pairs eager rejects are skipped and not counted.
 
 Known failures live in ``conformance_known_failures.py``; a known failure may raise, never return a wrong value.
 The last test prints the pass rate of the pairs eager accepts and, on a full run, asserts it.
 """
 import collections
-import contextlib
 import gc
 import os
-import sys
 import traceback
-import types
 
 import pytest
 import torch
@@ -62,8 +62,13 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def is_random(op) -> bool:
-    return getattr(op, "has_nondeterministic_output", False) or full_name(op) in RANDOM_OPS | UNINITIALIZED
+def values_kind(op):
+    """None for an op whose values eager's must equal; "random" (compared by support and reproducibility under a
+    seed) or "uninitialized" (shape and dtype only)."""
+    name = full_name(op)
+    if name in UNINITIALIZED:
+        return "uninitialized"
+    return "random" if getattr(op, "has_nondeterministic_output", False) or name in RANDOM_OPS else None
 
 
 CASES = [(op, dtype) for op in op_db for dtype in DTYPES if dtype in op.supported_dtypes("cpu")]
@@ -133,7 +138,8 @@ def _sync(out, on_lazy: bool):
     return tree_map(one, out, is_leaf=_is_leaf)
 
 
-def _compare(got, want, random: bool, what: str) -> None:
+def _compare(got, want, random, what: str) -> None:
+    """``random``: values_kind(op)."""
     got_flat, got_spec = tree_flatten(got, is_leaf=_is_leaf)
     want_flat, want_spec = tree_flatten(want, is_leaf=_is_leaf)
     assert got_spec == want_spec, f"{what}: output structure {got_spec} != eager {want_spec}"
@@ -146,8 +152,21 @@ def _compare(got, want, random: bool, what: str) -> None:
             if not random:
                 torch.testing.assert_close(g, w, equal_nan=True, check_device=False, msg=lambda m: f"{where}: {m}",
                                            **TOLERANCES.get(w.dtype, {}))
+            elif random == "random":
+                _check_support(g, w, where)
         elif not random:
             assert g == w or (g != g and w != w), f"{where}: {g!r} != eager {w!r}"
+
+
+def _check_support(got, want, where):
+    """A random op's values (lazy draws numbers of its own, as CUDA does) lie where eager's lie: finite if eager's
+    are, integers if eager's are, non-negative, within [0, 1]."""
+    if want.numel() == 0 or want.is_complex() or want.dtype == torch.bool:
+        return
+    w, g = want.double().cpu(), got.double()
+    for name, prop in (("finite", lambda t: torch.isfinite(t).all()), ("integers", lambda t: (t == t.round()).all()),
+                       ("non-negative", lambda t: (t >= 0).all()), ("within [0, 1]", lambda t: ((t >= 0) & (t <= 1)).all())):
+        assert not prop(w) or prop(g), f"{where}: eager's values are {name}, lazy's are not: {g.flatten()[:8].tolist()}"
 
 
 def _run_lazy(fn, pristine):
@@ -167,8 +186,9 @@ def _lazy_call(fn, pristine):
     sample = _lazy_sample(pristine)
     # A factory sample with no tensor and no device (arange(3)) computes on the default device, as in eager.
     on_lazy = _on_lazy(sample)
-    with _lazy_mark_step_shim():
-        out = _call(fn, sample)
+    # NOTE: a random OpInfo's op is torch.testing._utils.wrapper_set_seed, which calls torch._lazy.mark_step() for a
+    # lazy output: that is lazy's mark_step once lazy is imported (lazy/compat.py).
+    out = _call(fn, sample)
     return _sync(out, on_lazy), _sync(sample[0], on_lazy)
 
 
@@ -178,21 +198,7 @@ def _on_lazy(sample) -> bool:
                if isinstance(v, (torch.Tensor, str)))
 
 
-@contextlib.contextmanager
-def _lazy_mark_step_shim():
-    """OpInfo's wrapper_set_seed (random ops) calls ``torch._lazy.mark_step()`` for lazy outputs, assuming the
-    TorchScript LTC backend, which must never load beside lazy: point that name at lazy.mark_step."""
-    if "torch._lazy" in sys.modules:
-        yield
-        return
-    torch._lazy = types.SimpleNamespace(mark_step=lazy.mark_step)
-    try:
-        yield
-    finally:
-        del torch._lazy
-
-
-def _check_sample(op, sample, random: bool) -> bool:
+def _check_sample(op, sample, random) -> bool:
     """Compare one sample; returns False if eager rejects it."""
     pristine = tree_map(_clone, (sample.input, tuple(sample.args), dict(sample.kwargs)), is_leaf=_is_leaf)
     # NOTE: eager runs on clones, as lazy does: .to("lazy") copies a tensor, not the rest of its storage, which
@@ -203,12 +209,16 @@ def _check_sample(op, sample, random: bool) -> bool:
         return False
     got, _ = _run_lazy(op, pristine)
     _compare(got, want, random, full_name(op))
+    if random == "random":  # the same seed, the same values (OpInfo's wrapper_set_seed seeds every call)
+        torch.manual_seed(0)
+        again, _ = _run_lazy(op, pristine)
+        _compare(again, got, None, f"{full_name(op)} (a second run under the same seed)")
     _check_inplace(op, pristine, random)
     _check_out(op, pristine, want, random)
     return True
 
 
-def _check_inplace(op, pristine, random: bool) -> None:
+def _check_inplace(op, pristine, random) -> None:
     inplace = op.get_inplace()
     if inplace is None:
         return
@@ -221,7 +231,7 @@ def _check_inplace(op, pristine, random: bool) -> None:
     _compare(mutated, eager_sample[0], random, f"{full_name(op)}_ (in-place, mutated input)")
 
 
-def _check_out(op, pristine, want, random: bool) -> None:
+def _check_out(op, pristine, want, random) -> None:
     """The ``out=`` form, into tensors of the right size, where the OpInfo supports it and eager accepts it."""
     flat, _ = tree_flatten(want)
     if not op.supports_out or not flat or not all(isinstance(t, torch.Tensor) for t in flat):
@@ -272,7 +282,7 @@ def _run_case(op, dtype, results: dict) -> None:
     checked = 0
     try:
         for sample in _samples(op, dtype):
-            checked += _check_sample(op, sample, is_random(op))
+            checked += _check_sample(op, sample, values_kind(op))
     except LazyFailure as failure:
         if known is not None:
             results[key] = "known"
