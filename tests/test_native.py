@@ -339,7 +339,8 @@ def test_plain_programs_import_nothing_heavy(compiler, tmp_path):
             "assert torch.allclose(y.cpu(), ((x.cpu() * 1.01 + 0.1).sin().relu() - 0.05).exp())\n"
             "print(lazy.metrics.counter('cpp.compiles'), 'torch.distributed.tensor' in sys.modules, "
             "'sympy' in sys.modules)\n")
-    env = dict(os.environ, LAZY_COMPILER=compiler, LAZY_CACHE_DIR=str(tmp_path))
+    # the cpu backing device: a compile happens there only (the suite may run with LAZY_BACKING_DEVICE=cuda)
+    env = dict(os.environ, LAZY_COMPILER=compiler, LAZY_CACHE_DIR=str(tmp_path), LAZY_BACKING_DEVICE="cpu")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
     assert out.split() == ["1" if compiler == "cpp" else "0", "False", "False"]
 
