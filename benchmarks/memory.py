@@ -17,6 +17,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 import lazy  # noqa: E402
+import machine  # noqa: E402
 from lazy.cache import graph_cache  # noqa: E402
 from lazy.device.tensor import live_storages  # noqa: E402
 from models import MLP, batch  # noqa: E402
@@ -31,6 +32,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=1000)
     args = parser.parse_args()
+    print(machine.describe())
     torch.manual_seed(0)
     model = MLP().to("lazy")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

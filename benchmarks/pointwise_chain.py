@@ -23,6 +23,7 @@ import torch
 os.environ.setdefault("LAZY_COMPILER", "cpp")
 os.environ["LAZY_CACHE_DIR"] = tempfile.mkdtemp(prefix="lazy-bench-cache-")  # first compile really compiles
 import lazy  # noqa: E402
+import machine  # noqa: E402
 from lazy.cache import graph_cache  # noqa: E402
 
 OPS = (lambda t: t * 1.01, lambda t: t + 0.1, lambda t: t.sin(), lambda t: t.relu(), lambda t: t - 0.05)
@@ -128,8 +129,8 @@ def main() -> None:
     ap.add_argument("--large", action="store_true", help="also run 4096x4096")
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, lazy compiler={lazy.config.compiler}",
-          file=sys.stderr)
+    print(machine.describe())
+    print(f"lazy compiler={lazy.config.compiler}", file=sys.stderr)
     sizes = [16, 1024] + ([4096] if args.large else [])
     for n in sizes:
         run(n, args.reps * 10 if n <= 64 else args.reps if n < 4096 else max(3, args.reps // 5))

@@ -25,6 +25,8 @@ import time
 
 import torch
 
+import machine
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from trace_overhead import STEP_OPS, chain  # noqa: E402
 
@@ -194,8 +196,10 @@ def main() -> None:
     if opts.callgrind_worker:
         callgrind_worker(opts.callgrind_worker)
     elif opts.callgrind:
+        print(machine.describe())
         callgrind()
     else:
+        print(machine.describe())
         profile()
 
 

@@ -36,6 +36,7 @@ import torch.nn.functional as F  # noqa: E402
 os.environ.setdefault("LAZY_COMPILER", "cpp")
 os.environ["LAZY_CACHE_DIR"] = tempfile.mkdtemp(prefix="lazy-bench-cache-")  # every graph really compiles
 import lazy  # noqa: E402
+import machine  # noqa: E402
 from lazy.cache import graph_cache  # noqa: E402
 
 SIZES = ((1024, 1024), (4096, 1024))
@@ -128,8 +129,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     names = args.only.split(",") if args.only else list(WORKLOADS)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, lazy compiler={lazy.config.compiler}, "
-          f"fastest of {args.reps}", file=sys.stderr)
+    print(machine.describe())
+    print(f"lazy compiler={lazy.config.compiler}, fastest of {args.reps}", file=sys.stderr)
     print("| workload | shape | lazy step ms | lazy run ms | eager ms | compile ms | run/eager | run/compile "
           "| kernels+externs | load |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---|---|")

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import lazy
+import machine
 
 
 class DoNothing(torch.Tensor):
@@ -53,8 +54,9 @@ def tensors(kind: str, grad: bool) -> tuple:
 def main() -> None:
     ops = {"h * 2.0": lambda h, w, b: h * 2.0, "h.relu()": lambda h, w, b: h.relu(),
            "F.linear(h, w, b)": lambda h, w, b: F.linear(h, w, b)}
-    print(f"torch {torch.__version__}, 1 thread; µs per op, fastest of 7 x 3000")
     torch.set_num_threads(1)
+    print(machine.describe())
+    print("µs per op, fastest of 7 x 3000")
     print(f"{'op':<20}{'grad':>6}{'eager':>9}{'subclass':>10}{'lazy':>9}{'lazy/eager':>12}{'lazy/subclass':>15}")
     for name, op in ops.items():
         for grad in (False, True):

@@ -15,11 +15,9 @@ Run: ``python benchmarks/trace_overhead.py`` (``--quick`` for a shorter run, ``-
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -27,6 +25,8 @@ import time
 from typing import Callable, Dict, List
 
 import torch
+
+import machine
 
 SIZE = 16
 RECORD_OPS = 2000  # (a) ops recorded per repeat
@@ -212,19 +212,6 @@ def run_ltc_subprocess(quick: bool) -> Dict[str, object]:
 # ---------------------------------------------------------------------------------------------------------------
 # Reporting
 
-def machine() -> str:
-    model = platform.processor() or "unknown cpu"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, torch {torch.__version__}, Python {platform.python_version()}"
-
-
 def ratio(a: object, b: object) -> str:
     return f"{a / b:.2f}x" if isinstance(a, float) and isinstance(b, float) and b > 0 else "-"
 
@@ -262,7 +249,7 @@ def main() -> None:
         return
 
     start = time.perf_counter()
-    print(f"trace_overhead  {datetime.date.today().isoformat()}  {machine()}")
+    print(f"trace_overhead  {machine.describe()}")
     print(f"{SIZE}x{SIZE} float32, chain x*1.0001+0.001 -> relu -> tanh; {s.repeats} repeats"
           f"{' (--quick)' if opts.quick else ''}\n")
     ltc = run_ltc_subprocess(opts.quick)  # first, and before lazy is imported

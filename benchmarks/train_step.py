@@ -20,10 +20,8 @@ is the median over --steps steps after --warmup steps, wall clock, each step end
                  (this script with --worker ltc, which never imports lazy) and reports JSON on stdout.
 """
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -32,23 +30,14 @@ import traceback
 
 import torch
 
+import machine
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 from models import MODELS, batch, loss_fn  # noqa: E402
 
 BACKENDS = ("eager", "lazy", "compile", "ltc")
 RESULT_PREFIX = "RESULT "
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def describe(e: Exception) -> str:
@@ -221,8 +210,7 @@ def main() -> None:
         run_ltc_worker(args)
         return
 
-    print(f"{datetime.datetime.now():%Y-%m-%d %H:%M}  {cpu_model()}, {os.cpu_count()} cores "
-          f"({torch.get_num_threads()} torch threads), torch {torch.__version__}, Python {platform.python_version()}")
+    print(machine.describe())
     load = os.getloadavg()[0]
     if load > 0.5 * (os.cpu_count() or 1):
         print(f"NOTE: load average {load:.1f} on {os.cpu_count()} cores: other processes compete, timings are noisy "

@@ -29,7 +29,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 import lazy
-from lazy.cache import graph_cache
 from lazy.runtime import reference
 from lazy.trace.schema import STATIC, describe
 
