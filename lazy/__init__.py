@@ -12,12 +12,12 @@ from . import compat as _compat
 from .config import config
 from .debug import metrics
 from .debug.explain import explain
-from .device import factories as _factories
 from .device import sdpa as _sdpa
 from .device.tensor import LAZY_DEVICE, LazyTensor
+from .trace import lazy_key as _lazy_key
 from .sync import mark_step, sync_tensors, wait_device_ops
 
-_factories.register()
+_lazy_key.register()
 _sdpa.register()
 _compat.install()
 

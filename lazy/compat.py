@@ -24,8 +24,12 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 
+from . import sync
+from .cache import graph_cache
 from .debug import metrics
 from .debug.log import log
+from .ir.graph import format_graph, linearize
+from .trace.views import value
 
 _closures: List[Callable[[], Any]] = []
 
@@ -33,22 +37,19 @@ _closures: List[Callable[[], Any]] = []
 def mark_step(device: str = "", wait: bool = False) -> None:
     """``torch._lazy.mark_step``: ``lazy.mark_step()``, then the step closures; ``wait=True`` also waits for the
     launched work."""
-    from .sync import mark_step as _mark_step, wait_device_ops
-    _mark_step()
+    sync.mark_step()
     if wait:
-        wait_device_ops()
+        sync.wait_device_ops()
     run_step_closures()
 
 
 def wait_device_ops(devices: Optional[Sequence[str]] = None) -> None:
-    from .sync import wait_device_ops as _wait
-    _wait()
+    sync.wait_device_ops()
 
 
 def sync_multi(tensors: Sequence[torch.Tensor], devices: Sequence[str]) -> None:
     """Compute the given lazy tensors in one graph (``to_cpu`` and ``save`` come through here)."""
-    from .sync import sync_tensors
-    sync_tensors(list(tensors), "sync_multi")
+    sync.sync_tensors(list(tensors), "sync_multi")
 
 
 def add_step_closure(closure: Callable[..., Any], args: tuple = (), run_async: bool = False) -> None:
@@ -65,14 +66,11 @@ def _dump_ir(tensors: Sequence[torch.Tensor], ir_format: str) -> str:
     if ir_format != "text":
         _unsupported(f"debug.dump_ir(..., {ir_format!r})", "lazy's IR has a text form only: dump_ir(tensors, 'text'), "
                      "or LAZY_DUMP_DIR for the IR, kernel IR and generated source of every compiled graph")
-    from .ir.graph import format_graph, linearize
-    from .trace.views import value
     lin = linearize([value(t) for t in tensors])
     return format_graph(lin.order, lin.outputs)
 
 
 def _ir_cache_reset() -> None:
-    from .cache import graph_cache
     graph_cache.clear()
 
 

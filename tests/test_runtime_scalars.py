@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 import lazy
-from lazy.runtime import reference
+from lazy.device import backing
 from lazy.trace.schema import STATIC, describe
 
 SEED = 1234
@@ -276,14 +276,14 @@ def executed_calls():
     inside __torch_dispatch__]), which keep modes out; here those keys are the ones of code under this mode."""
     spy = _Executed()
     with spy:
-        keys = (torch._C._dispatch_tls_local_include_set(), reference._EAGER_KEYS[1])
-    saved = reference._EAGER_KEYS
-    reference._EAGER_KEYS = keys
+        keys = (torch._C._dispatch_tls_local_include_set(), backing._EAGER_KEYS[1])
+    saved = backing._EAGER_KEYS
+    backing._EAGER_KEYS = keys
     try:
         with spy:
             yield spy.calls
     finally:
-        reference._EAGER_KEYS = saved
+        backing._EAGER_KEYS = saved
 
 
 def _compare(got, want, what):

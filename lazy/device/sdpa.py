@@ -12,6 +12,8 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from .backing import backing_device
+
 _FLASH = 1  # torch.nn.attention.SDPBackend.FLASH_ATTENTION
 _CHOICE: Dict[Any, int] = {}
 _lib = None
@@ -39,7 +41,6 @@ def _choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
 def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
           dropout_p: float = 0.0, is_causal: bool = False, *, scale: Optional[float] = None,
           enable_gqa: bool = False) -> torch.Tensor:
-    from ..sync import backing_device
     if (attn_mask is None and not enable_gqa and backing_device().type == "cpu"
             and _choice(query, key, value, dropout_p, is_causal, scale) == _FLASH):
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(

@@ -9,6 +9,16 @@ a view it is scattered into the base through the chain (each step's reverse, or 
 ``as_strided_scatter`` when a step has none). The version bump makes every other view of the storage
 re-derive its value, which is how a view and its base see each other's updates. The IR stays a pure
 dataflow graph (Note [IR values are logical]).
+
+Note [Layers]
+lazy is layered, each layer importing only those below it (tests/test_layers.py checks every import, also those
+inside functions): the device (this package: the tensor, its storages, the backing device) at the ground floor;
+recording (lazy/trace) and the compiler stack (lazy/lower, schedule, codegen, runtime, cache) above it, neither
+importing the other; the sync layer (lazy/sync) above both; capture, compatibility and distribution above all.
+Where a lower layer needs behaviour of a higher one, the higher one installs it when imported: lazy/sync binds
+the LazyTensor methods that sync (``item``, ``__repr__``, ...) and gives the recorder the functions it calls when an
+op needs data now (``install_sync`` in lazy/trace/record.py); lazy/trace binds the methods that record without the
+dispatcher (``x + y``, ``x.sin()``, ``x.cpu()``).
 """
 from __future__ import annotations
 
@@ -61,40 +71,12 @@ class LazyTensor(torch.Tensor):
         raise RuntimeError("lazy tensors cannot be rebuilt from flattened parts (torch.compile over lazy "
                            "tensors is not supported; use @lazy.compile)")
 
-    # ---- syncs with a named cause (see sync/) ----
-    def __repr__(self, *, tensor_contents: Any = None) -> str:  # noqa: D105
-        from ..sync import materialize
-        cpu = materialize(self, "print")
-        contents = torch._tensor_str._tensor_str(cpu.detach(), len("tensor("))
-        text = torch._tensor_str._str(self, tensor_contents=contents)
-        text = "tensor(" + text[len(type(self).__name__) + 1:] if text.startswith(type(self).__name__) else text
-        return "Parameter containing:\n" + text if getattr(self, "_is_param", False) else text
-
-    def cpu(self, memory_format: torch.memory_format = torch.preserve_format) -> torch.Tensor:
-        # Note [Methods without the dispatcher] (trace/record.py): a plain call records what the dispatcher would
-        # deliver, without the dispatcher; anything else (autograd, modes) takes torch's method.
-        if memory_format is torch.preserve_format and _C.plain_call(self):
-            from ..trace.record import dispatch
-            return dispatch(torch.ops.aten._to_copy.default, (self,),
-                            {"dtype": self.dtype, "layout": torch.strided, "device": _CPU})
-        return torch.Tensor.cpu(self, memory_format=memory_format)
-
+    # Methods that sync (``item``, ``tolist``, ``__bool__``, ``__repr__``, ``__reduce_ex__``, ...) and ``cpu`` are
+    # bound by the layers above (Note [Layers]); the ones here only call them.
     def __format__(self, spec: str) -> str:
         if self.dim() == 0:
             return self.item().__format__(spec)
         return object.__format__(self, spec)
-
-    def __bool__(self) -> bool:
-        from ..sync import materialize
-        return bool(materialize(self, "bool"))
-
-    def item(self) -> Any:
-        from ..sync import materialize
-        return materialize(self, "item").item()
-
-    def tolist(self) -> Any:
-        from ..sync import materialize
-        return materialize(self, "tolist").tolist()
 
     def __float__(self) -> float:
         return float(self.item())
@@ -102,22 +84,9 @@ class LazyTensor(torch.Tensor):
     def __int__(self) -> int:
         return int(self.item())
 
-    def __index__(self) -> int:
-        from ..sync import materialize
-        return materialize(self, "item").__index__()
-
     def numpy(self, *, force: bool = False) -> Any:
         raise TypeError("can't convert lazy:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
                         "to host memory first.")
-
-    def __reduce_ex__(self, protocol: int) -> Any:
-        # torch.save / pickle store lazy tensors as plain CPU tensors, loadable without importing lazy.
-        from ..sync import materialize
-        cpu = materialize(self, "save").detach()
-        cpu.requires_grad_(self.requires_grad)
-        if getattr(self, "_is_param", False):
-            cpu = torch.nn.Parameter(cpu, requires_grad=self.requires_grad)
-        return cpu.__reduce_ex__(protocol)
 
     def __deepcopy__(self, memo: dict) -> "LazyTensor":
         # torch's Tensor.__deepcopy__ would deep-copy lazy's storage bookkeeping out of __dict__: a recorded clone
@@ -150,7 +119,6 @@ class LazyTensor(torch.Tensor):
 
 
 _make = torch.Tensor._make_wrapper_subclass
-_CPU = torch.device("cpu")
 
 
 def wrap(desc: Desc, storage: Storage, chain: Optional[tuple] = None, cache: Optional[Tuple[int, Node]] = None

@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Sequence
 import torch
 
 from ..debug import metrics
+from ..device.backing import eager_dispatch
 from ..ir.graph import Linearized, format_graph
 from ..ir.node import DATA, DEVICE, GENERATOR, GETITEM, TENSOR, _Marker
 
@@ -58,20 +59,6 @@ def _fill(value: Any, inputs: Any, scalars: Any, device: torch.device) -> Any:
     if type(value) is tuple:
         return [_fill(v, inputs, scalars, device) for v in value]
     return value
-
-
-# Note [Executing inside __torch_dispatch__]
-# Syncs usually start inside the recorder (.cpu() is aten._to_copy, .item() is _local_scalar_dense), where the
-# dispatcher has excluded the Conjugate, Negative and ZeroTensor keys (among others) from the thread's key set.
-# ATen calls made there skip those fallbacks, so a conj or neg view (``_conj``, ``_neg_view``) reaching a kernel
-# is read without its conjugation or negation: fft.hfft* returned wrong values. Graphs and eager fallbacks run
-# under the dispatch key sets of plain eager code instead, captured here at import (outside any dispatch).
-_EAGER_KEYS = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
-
-
-def eager_dispatch() -> Any:
-    """A context in which ATen calls dispatch as in plain eager code (Note [Executing inside __torch_dispatch__])."""
-    return torch._C._ForceDispatchKeyGuard(*_EAGER_KEYS)
 
 
 _CONST, _INPUT, _SCALAR = 0, 1, 2

@@ -16,22 +16,21 @@ from ..config import config
 from ..debug import metrics
 from ..debug.explain import SYNC_LOG, SyncRecord, explain_miss
 from ..debug.log import log, user_frame
+from ..device.backing import backing_device
 from ..device.tensor import LazyTensor, Storage, pending_storages
 from ..ir.graph import linearize
 from ..ir.layout import non_overlapping_and_dense
 from ..ir.node import DATA, Node, data_leaf
 from ..runtime.reference import run_node
+from ..trace import record
 from ..trace.views import value
 
+__all__ = ["ImplicitSyncError", "backing_device", "data_of", "mark_step", "materialize", "sync_nodes",
+           "sync_tensors", "wait_device_ops"]
 
 
 class ImplicitSyncError(RuntimeError):
     """Raised in strict mode (lazy.config.strict) by any sync other than mark_step."""
-
-
-def backing_device() -> torch.device:
-    """The device that runs graphs and holds synced data."""
-    return torch.device(config.backing_device)
 
 
 def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -> List[torch.Tensor]:
@@ -127,3 +126,10 @@ def sync_tensors(tensors: Sequence[Any], cause: str) -> None:
     """Compute the given lazy tensors (and whatever live values their graph computes) in one graph."""
     storages = {id(t._lz_st): t._lz_st for t in tensors if isinstance(t, LazyTensor)}
     sync_nodes((), list(storages.values()), cause)
+
+
+# Note [Layers] (lazy/device/tensor.py): what the layers below call when they need data.
+from . import eager, tensor_methods  # noqa: E402 -- both use the functions above
+
+record.install_sync(materialize, data_of, eager.eager_fallback)
+tensor_methods.install()

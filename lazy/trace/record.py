@@ -14,15 +14,14 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from .. import _C
-from .. import sync as _sync
 from ..config import config
 from ..debug import metrics
 from ..debug.log import log
+from ..device.backing import backing_device, eager_dispatch
 from ..device.tensor import LAZY_DEVICE, LazyTensor, Storage, adopt, new_tensor, wrap
 from ..ir.layout import contiguous_stride, non_overlapping_and_dense, storage_numel
 from ..ir.node import DEVICE, GENERATOR, GETITEM, SCALAR_MARKERS, TENSOR, Node, data_leaf, getitem
 from ..ir.ops import SEED_KWARG, functionalized, seeded
-from ..runtime.reference import eager_dispatch
 from . import views
 from .meta import MEMO, Out, Unrecordable, UnsupportedLayout, infer
 from .schema import RUNTIME_MEMO_VALUE, STATIC, OpDesc, describe
@@ -33,6 +32,31 @@ _value = views.value
 
 class SeedArg(int):
     """A seed drawn at record time for a random op; recorded as a runtime scalar behind a GENERATOR marker."""
+
+
+class _Syncs:
+    """What the recorder calls when an op needs data now (Note [Layers] in lazy/device/tensor.py): a copy out of
+    the lazy device, ``.item()``, an op whose output shape depends on data, an op no shape inference can record.
+    The sync layer, above the recorder, installs them when imported (``install_sync``)."""
+
+    def __init__(self) -> None:
+        self.materialize = self.data_of = self.eager_fallback = self._missing
+
+    @staticmethod
+    def _missing(*args: Any) -> Any:
+        raise RuntimeError("lazy internal error: the recorder needs data, and lazy.sync is not imported")
+
+
+SYNC = _Syncs()
+
+
+def install_sync(materialize: Callable[[LazyTensor, str], torch.Tensor],
+                 data_of: Callable[[LazyTensor, str], torch.Tensor],
+                 eager_fallback: Callable[[Any, tuple, dict, str], Any]) -> None:
+    """The sync layer's functions: ``materialize(t, cause)`` (a new cpu tensor with t's strides), ``data_of(t,
+    cause)`` (t's value on the backing device) and ``eager_fallback(func, args, kwargs, cause)`` (sync the lazy
+    inputs, run func eagerly on the backing device, wrap the results as lazy data)."""
+    SYNC.materialize, SYNC.data_of, SYNC.eager_fallback = materialize, data_of, eager_fallback
 
 
 # Ops that accept cpu tensors beside lazy ones (eager CUDA does too): the cpu tensors become data leaves.
@@ -82,7 +106,7 @@ def _constant(t: torch.Tensor, desc: OpDesc) -> Node:
         raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, lazy:0 "
                            f"and {t.device}! (in {desc.name}; move the {t.device} tensor of shape "
                            f"{list(t.shape)} with .to('lazy') first)")
-    data = t.detach().to(_sync.backing_device(), copy=True)  # a snapshot: eager reads the value at call time
+    data = t.detach().to(backing_device(), copy=True)  # a snapshot: eager reads the value at call time
     metrics.bump("bytes_to_device", data.numel() * data.element_size())
     return data_leaf(data)
 
@@ -404,7 +428,7 @@ def _set_metadata(t: LazyTensor, src: LazyTensor) -> None:
 def record_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     dst, src = args[0], args[1]
     if not isinstance(dst, LazyTensor):  # lazy -> cpu (or another device)
-        dst.copy_(_sync.materialize(src, "cpu"))
+        dst.copy_(SYNC.materialize(src, "cpu"))
         return dst
     desc = describe(func)
     targs, tkw, ins, scs, memo = flatten(desc, args, kwargs)
@@ -417,23 +441,23 @@ def record_to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     device = kwargs.get("device")
     x = args[0]
     if not isinstance(x, LazyTensor):  # another device -> lazy: a snapshot of the data becomes a leaf
-        data = x.detach().to(_sync.backing_device(), dtype=kwargs.get("dtype") or x.dtype, copy=True,
+        data = x.detach().to(backing_device(), dtype=kwargs.get("dtype") or x.dtype, copy=True,
                              memory_format=kwargs.get("memory_format") or torch.preserve_format)
         metrics.bump("bytes_to_device", data.numel() * data.element_size())
-        return _from_data(data)
+        return from_data(data)
     if device is None or device.type == "lazy":
         return record_functional(func, args, kwargs)
     if not _non_overlapping_and_dense(x):
         # NOTE: eager copies an overlapping (expanded) or gapped tensor into a dense one (empty_like's
         # preserve_format); so does a clone, and the sync then materializes that.
         x = record_functional(aten.clone.default, (x,), {})
-    cpu = _sync.materialize(x, "cpu")
+    cpu = SYNC.materialize(x, "cpu")
     rest = {k: v for k, v in kwargs.items() if k in ("dtype", "memory_format")}
     return cpu.to(device=device, copy=False, **rest) if rest else cpu.to(device)
 
 
 def record_item(func: Any, args: tuple, kwargs: dict) -> Any:
-    return _sync.data_of(args[0], "item").item()
+    return SYNC.data_of(args[0], "item").item()
 
 
 def record_set(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -442,47 +466,7 @@ def record_set(func: Any, args: tuple, kwargs: dict) -> Any:
     if len(args) == 2 and isinstance(args[1], LazyTensor):
         _set_metadata(dst, args[1])
         return dst
-    return eager_fallback(func, args, kwargs, cause="fallback")
-
-
-def eager_fallback(func: Any, args: tuple, kwargs: dict, cause: str) -> Any:
-    """Sync the lazy inputs, run ``func`` eagerly on the backing device, and wrap its results as lazy data."""
-    desc = describe(func)
-    lazies: list = []
-    _collect(args, lazies)
-    _collect(kwargs, lazies)
-    datas = _sync.sync_nodes([_value(t) for t in lazies], [t._lz_st for t in lazies], cause)
-    swap = {id(t): d for t, d in zip(lazies, datas)}
-    targets: list = []
-    _collect([_arg(desc, args, kwargs, i) for i in desc.mutated], targets)
-    _collect([kwargs.get(n) for n in desc.out_names], targets)
-    mutated = {id(t) for t in targets}
-    cloned: Dict[int, torch.Tensor] = {}
-
-    def real(v: Any) -> Any:
-        if isinstance(v, LazyTensor):
-            if id(v) in mutated:
-                cloned[id(v)] = swap[id(v)].clone()
-                return cloned[id(v)]
-            return swap[id(v)]
-        if isinstance(v, (list, tuple)):
-            return type(v)(real(x) for x in v)
-        if isinstance(v, torch.device) and v.type == "lazy":
-            return _sync.backing_device()
-        return v
-
-    with eager_dispatch():  # Note [Executing inside __torch_dispatch__]
-        result = func(*real(args), **{k: real(v) for k, v in kwargs.items()})
-    for t in lazies:
-        if id(t) in cloned:
-            new = cloned[id(t)]
-            if tuple(new.shape) != t._lz_desc[0]:
-                _set_metadata(t, _from_data(new))
-            else:
-                _write_back(t, data_leaf(new))
-    by_id = {id(d): t for t, d in zip(lazies, datas)}
-    by_id.update({id(c): next(t for t in lazies if id(t) == k) for k, c in cloned.items()})
-    return _wrap_result(result, by_id)
+    return SYNC.eager_fallback(func, args, kwargs, "fallback")
 
 
 def _collect(v: Any, acc: list) -> None:
@@ -496,7 +480,7 @@ def _collect(v: Any, acc: list) -> None:
             _collect(x, acc)
 
 
-def _from_data(data: torch.Tensor) -> LazyTensor:
+def from_data(data: torch.Tensor) -> LazyTensor:
     """A new lazy tensor holding ``data`` (already on the backing device), with eager's strides."""
     shape = tuple(data.shape)
     stride = tuple(data.stride()) if _dense(data) else contiguous_stride(shape)
@@ -513,22 +497,9 @@ def _non_overlapping_and_dense(t: torch.Tensor) -> bool:
     return t.is_contiguous() or non_overlapping_and_dense(t.shape, t.stride())
 
 
-def _wrap_result(result: Any, originals: dict) -> Any:
-    if isinstance(result, torch.Tensor):
-        if id(result) in originals:
-            return originals[id(result)]
-        if result.layout != torch.strided:
-            raise UnsupportedLayout(f"a {result.layout} result: the lazy device holds only strided (dense) tensors; "
-                                    "keep sparse or quantized tensors on the cpu")
-        return _from_data(result)
-    if isinstance(result, (list, tuple)):
-        return type(result)(_wrap_result(r, originals) for r in result)
-    return result
-
-
 def data_dependent(func: Any, args: tuple, kwargs: dict) -> Any:
     metrics.bump(f"data_dependent.{func}")
-    return eager_fallback(func, args, kwargs, cause="data_dependent")
+    return SYNC.eager_fallback(func, args, kwargs, "data_dependent")
 
 
 def record_index(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -591,7 +562,7 @@ def _choose(func: Any) -> Callable[..., Any]:
     if special is not None:
         return special
     if not isinstance(func, torch._ops.OpOverload):
-        return lambda f, a, k: eager_fallback(f, a, k, cause="fallback")
+        return lambda f, a, k: SYNC.eager_fallback(f, a, k, "fallback")
     desc = describe(func)
     if desc.data_dependent or desc.dynamic_shape:
         return data_dependent
@@ -644,7 +615,7 @@ def dispatch_slow(func: Any, args: tuple, kwargs: dict) -> Any:
         return handler(func, args, kwargs)
     except Unrecordable as error:
         _unrecordable(func, error)
-        return eager_fallback(func, args, kwargs, cause="fallback")
+        return SYNC.eager_fallback(func, args, kwargs, "fallback")
 
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -694,6 +665,17 @@ def _methods() -> dict:
     return table
 
 
+def _cpu(self: LazyTensor, memory_format: torch.memory_format = torch.preserve_format) -> torch.Tensor:
+    # A plain call records what the dispatcher would deliver, without the dispatcher; anything else (autograd,
+    # modes) takes torch's method.
+    if memory_format is torch.preserve_format and _C.plain_call(self):
+        return dispatch(aten._to_copy.default, (self,), {"dtype": self.dtype, "layout": torch.strided,
+                                                         "device": _CPU})
+    return torch.Tensor.cpu(self, memory_format=memory_format)
+
+
+_CPU = torch.device("cpu")
+LazyTensor.cpu = _cpu
 _C.install_methods(
     _methods(),
     (torch.is_grad_enabled, torch._C._len_torch_dispatch_stack, torch._C._is_torch_function_mode_enabled,

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from .record import dispatch
+
 _lib = None
 
 
@@ -23,7 +25,6 @@ def register() -> None:
     if torch._C._dispatch_has_kernel_for_dispatch_key("aten::empty.memory_format", "Lazy"):
         raise RuntimeError("lazy: another lazy-tensor backend (torch._lazy / LTC) already owns the Lazy dispatch key "
                            "in this process; lazy and torch._lazy cannot be used in the same process")
-    from ..trace.record import dispatch
     lib = torch.library.Library("_", "IMPL")
     lib.fallback(lambda op, *args, **kwargs: dispatch(op, args, kwargs), "Lazy")
     aten_lib = torch.library.Library("aten", "IMPL")
