@@ -9,6 +9,7 @@ namespace {
 
 PyObject* g_signatures = nullptr;  // dict: signature tuple -> itself
 long long g_serial = 0;            // creation order of storages
+long long g_node_serial = 0;       // creation order of nodes
 StorageObject g_live_head;         // sentinel of the live registry (only prev/next are used)
 PyObject* g_data_op = nullptr;     // lazy.ir.node.DATA: the op of data leaves
 
@@ -88,6 +89,7 @@ PyMemberDef node_members[] = {
     {"metas", T_OBJECT, offsetof(NodeObject, metas), 0, "(shape, dtype) of each output of a multi-output op"},
     {"data", T_OBJECT, offsetof(NodeObject, data), 0, "backing-device data of a data leaf"},
     {"sig", T_OBJECT, offsetof(NodeObject, sig), READONLY, "the interned signature"},
+    {"serial", T_LONGLONG, offsetof(NodeObject, serial), READONLY, "creation order"},
     {nullptr, 0, 0, 0, nullptr},
 };
 
@@ -202,8 +204,11 @@ PyObject* make_node(PyObject* op, PyObject* args, PyObject* kwargs, PyObject* in
   set_field(&node->metas, metas);
   set_field(&node->data, data);
   set_field(&node->sig, sig);
+  node->serial = g_node_serial++;
   return reinterpret_cast<PyObject*>(node);
 }
+
+long long next_node_serial() { return g_node_serial; }
 
 PyObject* make_storage(PyObject* value, PyObject* shape, PyObject* stride, long long numel) {
   auto* st = reinterpret_cast<StorageObject*>(StorageType.tp_alloc(&StorageType, 0));

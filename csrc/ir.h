@@ -23,6 +23,7 @@ struct NodeObject {
   PyObject* metas;
   PyObject* data;
   PyObject* sig;
+  long long serial;  // creation order (capture attributes each node to the call that recorded it)
 };
 
 struct StorageObject {
@@ -63,6 +64,9 @@ PyObject* make_node(PyObject* op, PyObject* args, PyObject* kwargs, PyObject* in
 
 // A new storage holding ``value``, registered as live.
 PyObject* make_storage(PyObject* value, PyObject* shape, PyObject* stride, long long numel);
+
+// The serial the next node will get (nodes created since a point in time have serials >= its value).
+long long next_node_serial();
 
 // Every live storage, oldest first (a new list).
 PyObject* live_storages();

@@ -15,6 +15,8 @@ namespace {
 
 PyObject* live_storages(PyObject*, PyObject*) { return lazy::live_storages(); }
 
+PyObject* next_node_serial(PyObject*, PyObject*) { return PyLong_FromLongLong(lazy::next_node_serial()); }
+
 PyObject* signatures(PyObject*, PyObject*) {
   PyObject* table = lazy::signatures();
   Py_INCREF(table);
@@ -53,6 +55,7 @@ PyMethodDef methods[] = {
     {"probe_layout", FASTCALL(lazy::probe_layout), METH_FASTCALL,
      "probe_layout(*tensors): read TensorImpl addresses directly if that agrees with tensor._cdata."},
     {"live_storages", live_storages, METH_NOARGS, "Every live Storage, oldest first."},
+    {"next_node_serial", next_node_serial, METH_NOARGS, "The serial the next Node will get."},
     {"signatures", signatures, METH_NOARGS, "The table of interned node signatures."},
     {nullptr, nullptr, 0, nullptr},
 };

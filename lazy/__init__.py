@@ -16,6 +16,7 @@ from .device import sdpa as _sdpa
 from .device.tensor import LAZY_DEVICE, LazyTensor
 from .trace import lazy_key as _lazy_key
 from .sync import mark_step, sync_tensors, wait_device_ops
+from .capture.function import compile
 
 _lazy_key.register()
 _sdpa.register()
@@ -24,8 +25,8 @@ _compat.install()
 __version__ = "0.1.0"
 device = LAZY_DEVICE
 
-__all__ = ["LAZY_DEVICE", "LazyTensor", "config", "device", "explain", "mark_step", "metrics", "sync_tensors",
-           "wait_device_ops", "is_lazy"]
+__all__ = ["LAZY_DEVICE", "LazyTensor", "compile", "config", "device", "explain", "mark_step", "metrics",
+           "sync_tensors", "wait_device_ops", "is_lazy"]
 
 
 def is_lazy(t: object) -> bool:

@@ -51,11 +51,12 @@ SCALAR_MARKERS = {t: _marker(f"Scalar[{t.__name__}]") for t in (float, int, bool
 class Op:
     """An internal op of the IR (not an ATen overload): a name, an eager implementation, and how it hashes."""
 
-    __slots__ = ("name", "fn", "__weakref__")
+    __slots__ = ("name", "fn", "target", "__weakref__")
 
-    def __init__(self, name: str, fn: Callable[..., Any]) -> None:
+    def __init__(self, name: str, fn: Callable[..., Any], target: Any = None) -> None:
         self.name = name
         self.fn = fn
+        self.target = target  # the ATen overload an internal op wraps (functionalized, seeded), if any
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)

@@ -70,7 +70,7 @@ def functionalized(op: Any, mutated: Sequence[int], out_names: Sequence[str], pl
         news += [kwargs[name] for name in out_names]
         return tuple(result[i] for i in plain_returns) + tuple(news)
 
-    fn = _FUNCTIONALIZED[key] = Op(f"functionalized[{op}]", run)
+    fn = _FUNCTIONALIZED[key] = Op(f"functionalized[{op}]", run, op)
     return fn
 
 
@@ -119,5 +119,5 @@ def seeded(op: Any) -> Op:
         finally:
             gen.set_state(state)
 
-    fn = _SEEDED[op] = Op(f"seeded[{op}]", run)
+    fn = _SEEDED[op] = Op(f"seeded[{op}]", run, op)
     return fn

@@ -36,6 +36,8 @@ class ImplicitSyncError(RuntimeError):
 def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -> List[torch.Tensor]:
     """Compute ``roots`` and the values of ``storages`` in one graph; every live storage whose value the graph
     computes gets it as data. Returns the data of ``roots``."""
+    if record.CAPTURE is not None:
+        record.CAPTURE.on_sync(cause)
     where = user_frame()
     if config.strict and cause != "mark_step":
         raise ImplicitSyncError(f"lazy strict mode: implicit sync ({cause}) at {where}; call lazy.mark_step() or "
@@ -73,6 +75,8 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
 def data_of(t: LazyTensor, cause: str) -> torch.Tensor:
     """The value of ``t`` as a tensor on the backing device (logical contents; layout not guaranteed)."""
     st = t._lz_st
+    if record.CAPTURE is not None:
+        record.CAPTURE.on_sync(cause)
     if st.value.op is DATA:
         # Already computed: a view of it is read by running its view ops (no graph, nothing to cache).
         data = _count(st.value, cause)
@@ -107,6 +111,8 @@ def materialize(t: LazyTensor, cause: str) -> torch.Tensor:
 def mark_step() -> None:
     """End of a step: compute every live lazy tensor with pending IR in one graph and replace its IR by data,
     so the next step starts from data and the graph does not grow from step to step."""
+    if record.CAPTURE is not None:
+        record.CAPTURE.on_sync("mark_step")
     pending = pending_storages()
     metrics.bump("mark_step")
     if not pending:

@@ -49,6 +49,11 @@ class _Syncs:
 
 SYNC = _Syncs()
 
+# While @lazy.compile captures a function, what the recorder reports to it (lazy/capture/tensors.py, CaptureHooks):
+# host tensors snapshotted into the graph, transfers to the lazy device, the seeds random ops draw. Set by the
+# capture layer (above this one: Note [Layers]); None otherwise.
+CAPTURE: Optional[Any] = None
+
 
 def install_sync(materialize: Callable[[LazyTensor, str], torch.Tensor],
                  data_of: Callable[[LazyTensor, str], torch.Tensor],
@@ -108,7 +113,10 @@ def _constant(t: torch.Tensor, desc: OpDesc) -> Node:
                            f"{list(t.shape)} with .to('lazy') first)")
     data = t.detach().to(backing_device(), copy=True)  # a snapshot: eager reads the value at call time
     metrics.bump("bytes_to_device", data.numel() * data.element_size())
-    return data_leaf(data)
+    leaf = data_leaf(data)
+    if CAPTURE is not None:
+        CAPTURE.on_constant(t, leaf)
+    return leaf
 
 
 def flatten(desc: OpDesc, args: tuple, kwargs: dict) -> tuple:
@@ -187,7 +195,10 @@ def _with_seed(desc: OpDesc, kwargs: dict) -> dict:
 def _draw_seed(gen: Optional[torch.Generator]) -> int:
     # NOTE: one draw from the user's (or the default cpu) generator per random op: torch.manual_seed(s) makes lazy
     # randomness reproducible, and the seed is a runtime scalar, so new randomness does not recompile.
-    return int(torch.randint(0, 2 ** 62, (), generator=gen if isinstance(gen, torch.Generator) else None))
+    seed = int(torch.randint(0, 2 ** 62, (), generator=gen if isinstance(gen, torch.Generator) else None))
+    if CAPTURE is not None:
+        CAPTURE.on_seed(seed, gen if isinstance(gen, torch.Generator) else None)
+    return seed
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -444,7 +455,10 @@ def record_to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
         data = x.detach().to(backing_device(), dtype=kwargs.get("dtype") or x.dtype, copy=True,
                              memory_format=kwargs.get("memory_format") or torch.preserve_format)
         metrics.bump("bytes_to_device", data.numel() * data.element_size())
-        return from_data(data)
+        out = from_data(data)
+        if CAPTURE is not None:
+            CAPTURE.on_transfer(x, out._lz_st.value)
+        return out
     if device is None or device.type == "lazy":
         return record_functional(func, args, kwargs)
     if not _non_overlapping_and_dense(x):

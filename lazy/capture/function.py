@@ -1,0 +1,256 @@
+"""``lazy.compile``: a function captured once, then replayed under guards.
+
+A ``CompiledFunction`` keeps the entries (lazy/capture/replay.py) captured for its function. A call binds its
+arguments, checks the entries' guards and replays the first that holds; on a miss it captures (runs the function
+under the capture interpreter, which is the call itself) and keeps a new entry, up to ``max_recompiles``; a function
+whose capture breaks (a sync inside, I/O, ...) runs plainly from then on, and ``lazy.explain(fn)`` says why.
+"""
+from __future__ import annotations
+
+import inspect
+import time
+import types
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from ..cache import graph_cache
+from ..config import config
+from ..debug import metrics
+from ..debug.log import log
+from ..device.backing import backing_device
+from ..device.tensor import live_storages
+from ..ir.node import data_leaf
+from ..sync import mark_step, pending_storages
+from ..trace import record
+from . import expr as X
+from .finalize import finalize
+from .interpreter import Box, Interpreter
+from .policy import CapturePolicy
+from .replay import Entry, Miss, Pending, global_state
+from .session import Break, CaptureBreak, Session
+from .tensors import CaptureHooks
+
+_ALL: List["CompiledFunction"] = []
+
+
+class CompiledFunction:
+    """What ``lazy.compile(fn)`` returns: callable like ``fn``, capturing on the first call and replaying later."""
+
+    def __init__(self, fn: Callable[..., Any], fullgraph: bool = False, dynamic: bool = False,
+                 mode: str = "default", max_recompiles: int = 8) -> None:
+        if not callable(fn):
+            raise TypeError(f"lazy.compile expects a function or an nn.Module, got {type(fn).__name__}")
+        if isinstance(fn, torch.nn.Module):
+            self.module: Optional[torch.nn.Module] = fn
+            fn = fn.forward
+        else:
+            self.module = None
+        code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+        if code is not None and code.co_flags & (0x20 | 0x80 | 0x200):
+            raise TypeError(f"lazy.compile cannot compile {getattr(fn, '__qualname__', fn)}: it is a generator or "
+                            "a coroutine; compile the function that consumes it")
+        if mode not in ("default", "reduce-overhead", "max-autotune"):
+            raise ValueError(f"lazy.compile: mode must be 'default', 'reduce-overhead' or 'max-autotune', not {mode!r}")
+        self.fn = fn
+        self.fullgraph = fullgraph
+        self.dynamic = dynamic
+        self.mode = mode
+        self.max_recompiles = max_recompiles
+        self.entries: List[Entry] = []
+        self.broken: Optional[Break] = None
+        self.events: List[dict] = []  # captures, recompiles, breaks, for lazy.explain(fn)
+        self.warned = False
+        self.signature = inspect.signature(fn)
+        self.__wrapped__ = fn
+        for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
+            try:
+                setattr(self, attr, getattr(fn, attr))
+            except AttributeError:
+                pass
+        _ALL.append(self)
+
+    def __repr__(self) -> str:
+        return f"<lazy.compile of {getattr(self.fn, '__qualname__', self.fn)}>"
+
+    def __get__(self, obj: Any, kind: Any = None) -> Any:
+        return self if obj is None else types.MethodType(self, obj)
+
+    # ---- a call ----
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not _capturable_now():
+            return self.fn(*args, **kwargs)
+        bound = self._bind(args, kwargs)
+        for entry in self.entries:
+            if entry.check(bound):
+                out = self._replay(entry, bound)
+                if out is not _MISSED:
+                    return out
+        metrics.bump("capture.guard_miss" if self.entries else "capture.first_call")
+        if self.broken is not None and not self.broken.transient:
+            metrics.bump("capture.plain_run")
+            return self.fn(*args, **kwargs)
+        if len(self.entries) > self.max_recompiles:
+            if not self.warned:
+                self.warned = True
+                warnings.warn(f"lazy.compile: {self!r} recompiled {self.max_recompiles} times "
+                              "(max_recompiles); it runs plainly from now on. lazy.explain(fn) lists why.",
+                              stacklevel=2)
+            metrics.bump("capture.plain_run")
+            return self.fn(*args, **kwargs)
+        return self._capture(bound, args, kwargs)
+
+    def _bind(self, args: tuple, kwargs: dict) -> tuple:
+        if not kwargs and len(args) == len(self.signature.parameters) and not _has_var(self.signature):
+            return args
+        ba = self.signature.bind(*args, **kwargs)
+        ba.apply_defaults()
+        return tuple(ba.arguments.values())
+
+    def _replay(self, entry: Entry, bound: tuple) -> Any:
+        try:
+            out = entry.run(bound)
+        except Pending:
+            mark_step()
+            out = entry.run(bound)
+        except Miss:
+            return _MISSED
+        entry.hits += 1
+        metrics.bump("capture.replays")
+        return out
+
+    # ---- capture ----
+
+    def _capture(self, bound: tuple, args: tuple, kwargs: dict) -> Any:
+        start = time.perf_counter()
+        if pending_storages():
+            mark_step()  # the capture starts from data: its graph's inputs are the storages' values now
+        entry_values = {id(st): (st, st.value) for st in live_storages()}
+        state = global_state()
+        s = Session()
+        policy = CapturePolicy(s, self.fullgraph)
+        interp = Interpreter(policy)
+        hooks = CaptureHooks(policy)
+        pos, kw = self._boxed_arguments(bound)
+        previous = record.CAPTURE
+        record.CAPTURE = hooks
+        CaptureHooks.current = hooks
+        try:
+            result = policy.call(Box(self.fn, X.pinned(self.fn)), pos, kw)
+        except CaptureBreak as error:
+            self.broken = s.broken
+            self._event("break", str(s.broken))
+            raise CaptureBreak(str(error)) from None
+        finally:
+            record.CAPTURE = previous
+            CaptureHooks.current = None
+        if global_state() != state:
+            policy.breaks("leaves the global state (grad mode, autocast, default dtype) changed")
+        plan = None
+        if s.broken is None:
+            plan = finalize(s, result, entry_values, policy.breaks)
+        entry = None
+        if plan is not None and s.broken is None:
+            program = self._compile(plan)
+            try:
+                entry = Entry(s, plan, program, state, policy.breaks)
+            except Exception:  # noqa: BLE001 -- a rendering the capture cannot express: run plainly, say why
+                if s.broken is None:
+                    raise
+        if s.broken is not None or entry is None:
+            self.broken = s.broken
+            metrics.bump("capture.breaks")
+            self._event("break", str(s.broken))
+            log(1, f"lazy.compile: {self!r} runs plainly: {s.broken}")
+            if plan is not None and plan.lin is not None:
+                pass
+            return result.v
+        _run_capture_graph(plan, entry)
+        self.entries.append(entry)
+        if len(self.entries) > 1:
+            metrics.bump("capture.recompiles")
+        metrics.bump("capture.captures")
+        elapsed = time.perf_counter() - start
+        metrics.bump("capture.time_s", elapsed)
+        self._event("capture", f"{len(s.guards)} guards, {len(s.effects)} effects, {len(s.host_ops)} host ops, "
+                               f"{len(plan.lin.order) if plan.lin is not None else 0} nodes, {elapsed:.3f} s")
+        return result.v
+
+    def _boxed_arguments(self, bound: tuple) -> Tuple[List[Box], Dict[str, Box]]:
+        pos: List[Box] = []
+        kw: Dict[str, Box] = {}
+        for i, (name, param) in enumerate(self.signature.parameters.items()):
+            value = bound[i]
+            e = X.arg(i)
+            if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+                pos.append(Box(value, e))
+            elif param.kind is param.VAR_POSITIONAL:
+                pos.extend(Box(v, X.item(e, j)) for j, v in enumerate(value))
+            elif param.kind is param.KEYWORD_ONLY:
+                kw[name] = Box(value, e)
+            else:
+                kw.update({k: Box(v, X.item(e, k)) for k, v in value.items()})
+        return pos, kw
+
+    def _compile(self, plan: Any) -> Any:
+        device = backing_device()
+        backend = graph_cache.backend_for(device)
+        start = time.perf_counter()
+        program = graph_cache.compiler_for(backend)(plan.lin, device)
+        metrics.bump("compile_time_s", time.perf_counter() - start)
+        metrics.bump("compiles")
+        return program
+
+    def _event(self, kind: str, text: str) -> None:
+        self.events.append({"kind": kind, "text": text})
+
+
+def _run_capture_graph(plan: Any, entry: Entry) -> None:
+    """Compute the capture call's graph with the entry's program: its outputs become the data of the storages the
+    call changed and of the tensors it created, as a sync would make them."""
+    if plan.lin is None:
+        return
+    outs = entry.program.run(plan.lin.leaves, plan.lin.scalars)
+    roots = [n for n in plan.lin.outputs]
+    values = {id(plan.lin.order[p]): outs[i] for i, p in enumerate(roots)}
+    for st in live_storages():
+        out = values.get(id(st.value))
+        if out is not None:
+            st.value = data_leaf(out)
+            st.version += 1
+
+
+_MISSED = object()
+
+
+def _has_var(sig: inspect.Signature) -> bool:
+    return any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.KEYWORD_ONLY) for p in sig.parameters.values())
+
+
+def _capturable_now() -> bool:
+    """Capture and replay only where a plain call would record exactly: no dispatch or function modes, no functorch
+    transforms, not inside another capture."""
+    return not (torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled()
+                or torch._C._are_functorch_transforms_active() or record.CAPTURE is not None)
+
+
+def compile(fn: Optional[Callable[..., Any]] = None, *, fullgraph: bool = False, dynamic: bool = False,
+            mode: str = "default", max_recompiles: int = 8) -> Any:
+    """Capture ``fn`` (a function, a method, or an nn.Module's forward) on its first call and replay it later."""
+    if fn is None:
+        return lambda f: CompiledFunction(f, fullgraph, dynamic, mode, max_recompiles)
+    return CompiledFunction(fn, fullgraph, dynamic, mode, max_recompiles)
+
+
+def reset() -> None:
+    """Forget every capture: compiled functions capture again at their next call."""
+    for cf in _ALL:
+        cf.entries.clear()
+        cf.broken = None
+        cf.warned = False
+
+
+compile.reset = reset  # type: ignore[attr-defined]
+_ = (config, Session)

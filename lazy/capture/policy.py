@@ -1,0 +1,621 @@
+"""The capture policy: what the interpreter's boxes mean while a compiled function runs for the first time.
+
+A box's metadata says what a replay needs to know about its value:
+- ``None``: a constant (a literal, or computed from constants only);
+- an ``E`` (lazy/capture/expr.py): read from state the function did not create (an argument, a global, an attribute),
+  or a number computed from such values (symbolic), or a host op's result (a register);
+- ``New``: an object the call created (a list it built, a function it defined); its contents are shadowed so that
+  values stored in it keep their metadata;
+- ``Bound``: a method bound to a box, so that calling it keeps knowing the receiver.
+Lazy tensors the call created need no metadata: they are values of the graph the recorder is building.
+
+Operations on tensors go to ``torch_call`` (lazy ops are recorded as usual; ops on host tensors become host ops
+replayed before the graph); operations on numbers build expressions; stores into pre-existing objects become
+effects; values are guarded where they are used (Note [Guards] in lazy/capture/session.py).
+"""
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from .. import _C
+from ..device.tensor import LazyTensor
+from . import expr as X
+from .expr import E
+from .interpreter import BINARY, COMPARE, UNARY, Box, Frame, Generator, Policy, decode
+from .session import CaptureBreak, Effect, HostOp, Session, TorchCall
+
+NUMBERS = (bool, int, float)
+CONSTANT_TYPES = (str, bytes, type(None), type(Ellipsis), torch.dtype, torch.device, torch.layout,
+                  torch.memory_format, types.CodeType)
+
+
+class New:
+    """Metadata of an object the call created: ``items`` shadows a list/tuple's elements (boxes), a dict's
+    ``{key: box}``, a cell's contents; ``attrs`` an object's stored attributes."""
+
+    __slots__ = ("kind", "items", "attrs")
+
+    def __init__(self, kind: str, items: Any = None) -> None:
+        self.kind = kind
+        self.items = items
+        self.attrs: Dict[str, Box] = {}
+
+    def __repr__(self) -> str:
+        return f"New({self.kind})"
+
+
+class Bound:
+    __slots__ = ("recv", "name")
+
+    def __init__(self, recv: Box, name: str) -> None:
+        self.recv, self.name = recv, name
+
+
+class BoxIter:
+    """Metadata of an iterator the policy steps itself: a Python iterator of boxes."""
+
+    __slots__ = ("it",)
+
+    def __init__(self, it: Any) -> None:
+        self.it = it
+
+
+def is_sym(b: Box) -> bool:
+    return type(b.m) is E and type(b.v) in NUMBERS
+
+
+def is_tensor(v: Any) -> bool:
+    return isinstance(v, torch.Tensor)
+
+
+def is_lazy(v: Any) -> bool:
+    return isinstance(v, LazyTensor)
+
+
+class CapturePolicy(Policy):
+    def __init__(self, session: Session, fullgraph: bool = False) -> None:
+        self.s = session
+        self.fullgraph = fullgraph
+        self.leaves_seen: Dict[int, tuple] = {}  # id(tensor) -> (tensor, box): lazy leaves requiring grad
+
+    # ---- where we are, and breaking ----
+
+    def where(self) -> str:
+        frames = self.interp.frames
+        return frames[-1].where() if frames else "<entry>"
+
+    def breaks(self, reason: str, transient: bool = False) -> None:
+        where = self.user_where()
+        self.s.breaks(reason, where, transient)
+        if self.fullgraph:
+            raise CaptureBreak(f"lazy.compile(fullgraph=True): {reason} (at {where})")
+
+    def user_where(self) -> str:
+        """The innermost interpreted frame in user code (outside torch and lazy), else the innermost frame."""
+        for frame in reversed(self.interp.frames):
+            name = frame.code.code.co_filename
+            if not _library(name):
+                return frame.where()
+        return self.where()
+
+    # ---- guards ----
+
+    def need(self, b: Box, how: str) -> None:
+        """Guard what a use of ``b`` depends on, if ``b`` was read from state (Note [Guards])."""
+        e = b.m
+        if type(e) is not E:
+            return
+        v = b.v
+        if _on_registers(e):
+            if how == "tensor":
+                return  # a host op's result: its metadata follows from its (guarded) inputs
+            self.breaks("decides its control flow on a value a host op computes at each call")
+            return
+        if how == "tensor":
+            self.s.guard("tensor", e, tensor_signature(v))
+        elif how == "id":
+            self.s.guard("id", e, v)
+            self.s.remember(v)
+        elif how == "type":
+            self.s.guard("type", e, type(v))
+        elif how == "eq":
+            self.s.guard("eq", e, v)
+        elif how == "truth":
+            self.s.guard("truth", e, bool(v))
+        elif how == "none":
+            self.s.guard("isnone", e, v is None)
+        elif how == "len":
+            self.s.guard("len", e, len(v))
+        elif how == "keys":
+            self.s.guard("keys", e, tuple(v.keys()))
+            self.s.remember(tuple(v.keys()))
+
+    def concrete(self, b: Box) -> Any:
+        """``b``'s value, guarded to stay what it is: for a number used as a shape, an index, a key."""
+        if type(b.m) is E:
+            self.need(b, "id" if not isinstance(b.v, NUMBERS + CONSTANT_TYPES + (tuple,)) else "eq")
+        elif type(b.m) is New and b.m.kind in ("list", "tuple"):
+            for x in b.m.items:
+                self.concrete(x)
+        return b.v
+
+    # ---- reading state ----
+
+    def read(self, value: Any, e: E) -> Box:
+        if isinstance(value, types.GenericAlias):  # ``tuple[Tensor]`` is a new object at every subscript
+            self.s.guard("eq", e, value)
+            return Box(value)
+        if isinstance(value, CONSTANT_TYPES):
+            self.s.guard("eq" if not isinstance(value, types.CodeType) else "id", e, value)
+            return Box(value)
+        return Box(value, e)
+
+    def new(self, value: Any, meta: New) -> Box:
+        self.s.created[id(value)] = meta
+        self.s.remember(value)
+        return Box(value, meta)
+
+    def box(self, value: Any) -> Box:
+        if isinstance(value, Generator):
+            return self.new(value, New("generator"))
+        if isinstance(value, BaseException):
+            return Box(value)
+        return self.new(value, New("object"))
+
+    def load_global(self, frame: Frame, name: str) -> Box:
+        written = self.s.written.get((id(frame.globals), name))
+        if written is not None:
+            return written
+        if name in frame.globals:
+            return self.read(frame.globals[name], X.item(X.pinned(frame.globals), name))
+        if name in frame.builtins:
+            self.s.guard("absent", X.pinned(frame.globals), name)
+            return self.read(frame.builtins[name], X.item(X.pinned(frame.builtins), name))
+        raise NameError(f"name {name!r} is not defined")
+
+    def store_global(self, frame: Frame, name: str, value: Box) -> None:
+        frame.globals[name] = value.v
+        self._effect("setitem", X.pinned(frame.globals), name, value, (id(frame.globals), name))
+
+    def delete_global(self, frame: Frame, name: str) -> None:
+        del frame.globals[name]
+        self._effect("delitem", X.pinned(frame.globals), name, None, (id(frame.globals), name))
+
+    def _effect(self, kind: str, target: E, key: Any, value: Optional[Box], written_key: Any) -> None:
+        self.s.effects.append(Effect(kind, target, key, value))
+        if value is not None:
+            self.s.written[written_key] = value
+        else:
+            self.s.written.pop(written_key, None)
+
+    # ---- attributes ----
+
+    def getattr(self, obj: Box, name: str) -> Box:
+        v, m = obj.v, obj.m
+        written = self.s.written.get((id(v), name))
+        if written is not None:
+            return written
+        if type(m) is New and name in m.attrs:
+            return m.attrs[name]
+        if is_tensor(v):
+            from .lookaside import tensor_attribute
+            return tensor_attribute(self, obj, name)
+        value = getattr(v, name)
+        if callable(value) and getattr(value, "__self__", None) is v and not isinstance(v, (type, types.ModuleType)):
+            if type(m) is E:
+                self.need(obj, "type")
+                func = getattr(value, "__func__", None)
+                if func is not None:
+                    self.s.guard("id", X.attr(X.attr(m, name), "__func__"), func)
+            return Box(value, Bound(obj, name))
+        if type(m) is E:
+            self.need(obj, "type")
+            return self.read(value, X.attr(m, name))
+        if type(m) is New and m.kind == "object":
+            return Box(value)  # a class attribute of a local object's class: as constant as the class
+        if type(m) is E or (m is not None and type(m) is not New):
+            return Box(value)
+        return Box(value)
+
+    def setattr(self, obj: Box, name: str, value: Box) -> None:
+        v, m = obj.v, obj.m
+        hook = type(v).__setattr__
+        if type(hook) is types.FunctionType:  # a Python __setattr__ (nn.Module's): its stores are tracked inside
+            self.call(Box(hook), [obj, self.const(name), value], {})
+            return
+        self.set_attribute(obj, name, value)
+
+    def set_attribute(self, obj: Box, name: str, value: Box) -> None:
+        """``object.__setattr__(obj, name, value)``: on an object the call created, a shadowed store; on any other,
+        an effect."""
+        v, m = obj.v, obj.m
+        object.__setattr__(v, name, value.v) if not is_tensor(v) else setattr(v, name, value.v)
+        if type(m) is New:
+            m.attrs[name] = value
+        elif type(m) is E:
+            self.need(obj, "type")
+            self._effect("setattr", m, name, value, (id(v), name))
+        elif not (is_tensor(v) and m is None):
+            self.breaks(f"stores attribute {name!r} on a {type(v).__name__} it did not reach through its inputs")
+
+    def delattr(self, obj: Box, name: str) -> None:
+        v, m = obj.v, obj.m
+        delattr(v, name)
+        if type(m) is New:
+            m.attrs.pop(name, None)
+        elif type(m) is E:
+            self._effect("delattr", m, name, None, (id(v), name))
+        else:
+            self.breaks(f"deletes attribute {name!r} of a {type(v).__name__} it did not reach through its inputs")
+
+    # ---- items ----
+
+    def key_of(self, key: Box) -> Any:
+        """An item key as the replay will write it: its expression for an object read from state (a tensor keying
+        optimizer state), else its (guarded) value."""
+        if type(key.m) is E and not isinstance(key.v, NUMBERS + CONSTANT_TYPES + (tuple,)):
+            self.need(key, "id")
+            return key.m
+        return self.concrete(key)
+
+    def getitem(self, obj: Box, key: Box) -> Box:
+        v, m = obj.v, obj.m
+        if is_tensor(v):
+            return self.torch_call(Box(_getitem), [obj, key], {})
+        if type(m) is New and m.kind in ("list", "tuple"):
+            k = self.concrete(key)
+            picked = m.items[k]
+            if isinstance(k, slice):
+                return self.new(v[k], New(m.kind, list(picked)))
+            return picked
+        if type(m) is New and m.kind == "dict":
+            k = self.concrete(key)
+            v[k]  # noqa: B018 -- raises KeyError as the real lookup would
+            return m.items[k]
+        if type(m) is E:
+            self.need(obj, "type")
+            kexpr = self.key_of(key)
+            written = self.s.written.get((id(v), ("item", id(key.v) if type(kexpr) is E else kexpr)))
+            if written is not None:
+                return written
+            if type(v) is __import__("collections").defaultdict and key.v not in v:
+                self.breaks("reads a missing key of a defaultdict (an optimizer's first step creates its state)",
+                            transient=True)
+            if isinstance(key.v, slice) and isinstance(v, (list, tuple)):
+                self.need(obj, "len")
+                idx = range(len(v))[key.v]
+                items = [self.read(v[i], X.item(m, i)) for i in idx]
+                return self.new(v[key.v], New("list" if isinstance(v, list) else "tuple", items))
+            return self.read(v[key.v], X.item(m, kexpr))
+        return Box(v[self.concrete(key)])
+
+    def setitem(self, obj: Box, key: Box, value: Box) -> None:
+        v, m = obj.v, obj.m
+        if is_tensor(v):
+            self.torch_call(Box(_setitem), [obj, key, value], {})
+            return
+        if type(m) is New and m.kind in ("list", "dict"):
+            k = self.concrete(key)
+            v[k] = value.v
+            if m.kind == "dict":
+                m.items[k] = value
+            elif isinstance(k, slice):
+                m.items[k] = self.items(value)
+            else:
+                m.items[k] = value
+            return
+        if type(m) is E:
+            self.need(obj, "type")
+            kexpr = self.key_of(key)
+            v[key.v] = value.v
+            self._effect("setitem", m, kexpr, value, (id(v), ("item", id(key.v) if type(kexpr) is E else kexpr)))
+            return
+        self.breaks(f"stores into a {type(v).__name__} it did not reach through its inputs")
+        v[key.v] = value.v
+
+    def delitem(self, obj: Box, key: Box) -> None:
+        v, m = obj.v, obj.m
+        if type(m) is New and m.kind in ("list", "dict"):
+            k = self.concrete(key)
+            del v[k]
+            del m.items[k]
+            return
+        if type(m) is E:
+            kexpr = self.key_of(key)
+            del v[key.v]
+            self._effect("delitem", m, kexpr, None, (id(v), ("item", id(key.v) if type(kexpr) is E else kexpr)))
+            return
+        self.breaks(f"deletes from a {type(v).__name__} it did not reach through its inputs")
+        del v[key.v]
+
+    # ---- operators ----
+
+    def binary(self, op: str, a: Box, b: Box) -> Box:
+        if is_tensor(a.v) or is_tensor(b.v):
+            return self.torch_call(Box(BINARY[op]), [a, b], {})
+        if type(a.v) in NUMBERS and type(b.v) in NUMBERS:
+            value = BINARY[op](a.v, b.v)
+            if type(a.m) is E or type(b.m) is E:
+                return Box(value, X.binary(op.rstrip("=") if op.endswith("=") and op not in ("==",) else op,
+                                           _operand(a), _operand(b)))
+            return Box(value)
+        from .lookaside import sequence_binary
+        return sequence_binary(self, op, a, b)
+
+    def unary(self, op: str, a: Box) -> Box:
+        if is_tensor(a.v):
+            if op == "not":
+                return Box(not self.truth(a))
+            return self.torch_call(Box(UNARY[op]), [a], {})
+        if op == "not":
+            return Box(not self.truth(a))
+        if type(a.v) in NUMBERS:
+            value = UNARY[op](a.v)
+            return Box(value, X.unary(op, a.m)) if type(a.m) is E else Box(value)
+        return Box(UNARY[op](self.concrete(a)))
+
+    def compare(self, op: str, a: Box, b: Box) -> Box:
+        if op in ("is", "is not"):
+            result = COMPARE[op](a.v, b.v)
+            for x, other in ((a, b), (b, a)):
+                if other.v is None and other.m is None:
+                    self.need(x, "none")
+                else:
+                    self.need(x, "id")
+            return Box(result)
+        if (is_tensor(a.v) or is_tensor(b.v)) and op not in ("in", "not in"):
+            return self.torch_call(Box(COMPARE[op]), [a, b], {})
+        if op in ("in", "not in") and type(b.m) is New and b.m.kind in ("list", "tuple", "set", "dict"):
+            self.concrete(a)
+            for x in (b.m.items if b.m.kind != "dict" else [Box(k) for k in b.m.items]):
+                self.concrete(x)
+            return Box(COMPARE[op](a.v, b.v))
+        result = COMPARE[op](a.v, b.v)
+        if type(a.m) is E or type(b.m) is E:
+            if type(a.m) is New or type(b.m) is New:
+                self.concrete(a)
+                self.concrete(b)
+                return Box(result)
+            if op in ("in", "not in") and type(b.m) is E and type(a.m) is not E:
+                a_operand = self.key_of(a)
+                return Box(result, E("cmp", op, a_operand, b.m))
+            return Box(result, E("cmp", op, _operand(a), _operand(b)))
+        return Box(result)
+
+    def truth(self, a: Box) -> bool:
+        v, m = a.v, a.m
+        if type(m) is New:
+            if m.kind in ("list", "tuple", "dict"):
+                return bool(m.items)
+            return bool(v)
+        result = bool(v)
+        if type(m) is E:
+            self.need(a, "truth")
+        return result
+
+    # ---- containers ----
+
+    def build(self, kind: str, items: List[Box]) -> Box:
+        if kind in ("tuple", "list"):
+            return self.new(tuple(x.v for x in items) if kind == "tuple" else [x.v for x in items],
+                            New(kind, list(items)))
+        if kind == "set":
+            return self.new({self.concrete(x) for x in items}, New("set", list(items)))
+        if kind == "slice":
+            return Box(slice(*[self.concrete(x) for x in items]))
+        return Box("".join(self.concrete(x) for x in items))
+
+    def build_map(self, keys: List[Box], values: List[Box]) -> Box:
+        shadow = {}
+        real = {}
+        for k, v in zip(keys, values):
+            key = self.concrete(k)
+            shadow[key] = v
+            real[key] = v.v
+        return self.new(real, New("dict", shadow))
+
+    def items(self, b: Box) -> List[Box]:
+        """The elements of a sequence as boxes (shadowed, read from state with provenance, or iterated)."""
+        m = b.m
+        if type(m) is New and m.kind in ("list", "tuple"):
+            return list(m.items)
+        if type(m) is E and isinstance(b.v, (list, tuple)):
+            self.need(b, "len")
+            self.need(b, "type")
+            return [self.read(x, X.item(m, i)) for i, x in enumerate(b.v)]
+        it = self.iterate(b)
+        out = []
+        while True:
+            nxt = self.next(it)
+            if nxt is None:
+                return out
+            out.append(nxt)
+
+    def container_op(self, op: str, target: Box, *args: Box) -> None:
+        m = target.m
+        if type(m) is not New:
+            self.breaks(f"updates a container it did not create ({op})")
+            return super().container_op(op, target, *args)
+        if op == "list_append":
+            target.v.append(args[0].v)
+            m.items.append(args[0])
+        elif op == "list_extend":
+            new = self.items(args[0])
+            target.v.extend(x.v for x in new)
+            m.items.extend(new)
+        elif op in ("set_add", "set_update"):
+            new = [args[0]] if op == "set_add" else self.items(args[0])
+            for x in new:
+                target.v.add(self.concrete(x))
+            m.items.extend(new)
+        elif op == "map_add":
+            key = self.concrete(args[0])
+            target.v[key] = args[1].v
+            m.items[key] = args[1]
+        else:  # dict_update, dict_merge
+            from .lookaside import mapping_items
+            for key, value in mapping_items(self, args[0]):
+                if op == "dict_merge" and key in target.v:
+                    raise TypeError(f"got multiple values for keyword argument '{key}'")
+                target.v[key] = value.v
+                m.items[key] = value
+
+    def list_to_tuple(self, lst: Box) -> Box:
+        return self.new(tuple(lst.v), New("tuple", self.items(lst)))
+
+    def unpack(self, seq: Box, count: int, star: Optional[int] = None) -> List[Box]:
+        items = self.items(seq)
+        if star is None:
+            if len(items) != count:
+                raise ValueError(f"{'too many' if len(items) > count else 'not enough'} values to unpack "
+                                 f"(expected {count}, got {len(items)})")
+            return items
+        after = count - star - 1
+        if len(items) < count - 1:
+            raise ValueError(f"not enough values to unpack (expected at least {count - 1}, got {len(items)})")
+        rest = items[star:len(items) - after]
+        return items[:star] + [self.new([x.v for x in rest], New("list", rest))] + items[len(items) - after:]
+
+    def iterate(self, obj: Box) -> Box:
+        from .lookaside import iterate
+        return iterate(self, obj)
+
+    def next(self, it: Box) -> Optional[Box]:
+        m = it.m
+        if type(m) is BoxIter:
+            return next(m.it, None)
+        if isinstance(it.v, Generator):
+            return it.v.next_box()
+        try:
+            return Box(next(it.v))
+        except StopIteration:
+            return None
+
+    def format(self, value: Box, conversion: Optional[str], spec: Optional[Box]) -> Box:
+        self.concrete(value)
+        if spec is not None:
+            self.concrete(spec)
+        return super().format(value, conversion, spec)
+
+    # ---- cells and functions ----
+
+    def make_cell(self, contents: Optional[Box]) -> Box:
+        cell = types.CellType() if contents is None else types.CellType(contents.v)
+        return self.new(cell, New("cell", contents))
+
+    def cell_get(self, cell: Box, name: str) -> Box:
+        m = cell.m
+        if type(m) is New:
+            if m.items is None:
+                raise NameError(f"cannot access free variable {name!r} where it is not associated with a value in "
+                                "enclosing scope")
+            return m.items
+        try:
+            value = cell.v.cell_contents
+        except ValueError:
+            raise NameError(f"cannot access free variable {name!r} where it is not associated with a value in "
+                            "enclosing scope") from None
+        return self.read(value, X.attr(cell.m, "cell_contents")) if type(cell.m) is E else Box(value)
+
+    def cell_set(self, cell: Box, value: Optional[Box]) -> None:
+        m = cell.m
+        if value is None:
+            del cell.v.cell_contents
+        else:
+            cell.v.cell_contents = value.v
+        if type(m) is New:
+            m.items = value
+        elif type(m) is E:
+            self.s.effects.append(Effect("cell_set", m, None, value))
+        else:
+            self.breaks(f"writes a closure variable of a function it did not reach through its inputs")
+
+    def closure_cell(self, func: types.FunctionType, index: int) -> Box:
+        cell = func.__closure__[index]
+        meta = self.s.created.get(id(cell))
+        if meta is not None:
+            return Box(cell, meta)
+        return Box(cell, X.pinned(cell))
+
+    def make_function(self, frame: Frame, code: Box, defaults: Optional[Box], kwdefaults: Optional[Box],
+                      annotations: Optional[Box], closure: Optional[Box]) -> Box:
+        fn = super().make_function(frame, code, defaults, kwdefaults, annotations, closure).v
+        meta = New("function")
+        if defaults is not None:
+            meta.attrs["__defaults__"] = defaults
+        return self.new(fn, meta)
+
+    def exception(self, exc: BaseException) -> Box:
+        return Box(exc)
+
+    # ---- calls ----
+
+    def call(self, fn: Box, args: List[Box], kwargs: Dict[str, Box]) -> Box:
+        from .lookaside import call
+        return call(self, fn, args, kwargs)
+
+    def call_ex(self, fn: Box, args: Box, kwargs: Optional[Box]) -> Box:
+        from .lookaside import mapping_items
+        pos = self.items(args)
+        kw = {k: v for k, v in mapping_items(self, kwargs)} if kwargs is not None else {}
+        return self.call(fn, pos, kw)
+
+    def run_python(self, func: types.FunctionType, args: List[Box], kwargs: Dict[str, Box]) -> Box:
+        """Interpret ``func``, with the function's defaults as constants (guarded by the function's identity)."""
+        return self.interp.run_function(func, args, kwargs)
+
+    def import_name(self, frame: Frame, name: str, fromlist: Box, level: Box) -> Box:
+        module = __import__(name, frame.globals, None, fromlist.v, level.v)
+        return Box(module, X.pinned(module))
+
+    # ---- tensors ----
+
+    def torch_call(self, fn: Box, args: List[Box], kwargs: Dict[str, Box], recv: Optional[Box] = None) -> Box:
+        from .tensors import torch_call
+        return torch_call(self, fn, args, kwargs, recv)
+
+
+def _on_registers(e: E) -> bool:
+    return any(r.op == "reg" for r in X.roots(e))
+
+
+def _operand(b: Box) -> Any:
+    return b.m if type(b.m) is E else b.v
+
+
+def _getitem(a: Any, k: Any) -> Any:
+    return a[k]
+
+
+def _setitem(a: Any, k: Any, v: Any) -> None:
+    a[k] = v
+
+
+_LIBRARY_ROOTS = tuple(p for p in {
+    torch.__file__.rsplit("/", 1)[0] + "/",
+    __file__.rsplit("/", 2)[0] + "/",
+    sys.prefix + "/lib/", sys.base_prefix + "/lib/",
+} if p)
+
+
+def _library(filename: str) -> bool:
+    """Whether code in ``filename`` is torch's, lazy's or the standard library's (not the user's)."""
+    # NOTE: "<string>"-like names are generated code (dataclasses' __init__, namedtuples), made by libraries
+    return filename.startswith(_LIBRARY_ROOTS) or filename.startswith("<")
+
+
+def tensor_signature(t: Any) -> tuple:
+    """What a guard on a tensor compares: the metadata the recorded graph depends on."""
+    if isinstance(t, LazyTensor):
+        return ("lazy", t._lz_desc, t.requires_grad, t._lz_chain is not None, t._lz_st.numel)
+    if isinstance(t, torch.Tensor):
+        return ("host", tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.device, t.requires_grad)
+    return ("none",) if t is None else ("other", type(t))
+
+
+__all__ = ["CapturePolicy", "New", "Bound", "BoxIter", "is_sym", "is_tensor", "is_lazy", "tensor_signature",
+           "decode", "_C"]

@@ -1,0 +1,292 @@
+"""A capture entry: its guards and its replay, rendered as Python functions over the call's arguments.
+
+``Entry(session, plan, program)`` renders two functions from a finished capture (lazy/capture/finalize.py):
+- ``check(A)``: every guard of the capture (Note [Guards] in lazy/capture/session.py), one boolean expression;
+- ``run(A)``: the host ops and the numbers the graph takes as runtime scalars, the graph inputs read from the
+  current state, the compiled program, then the writes: new values into the storages the call changed, new tensors
+  for those it created, the effects on Python objects in order, and the return value.
+Both are generated source (``lazy.explain(fn)`` shows it), so a replay runs the few attribute reads, arithmetic and
+stores the function's Python did, without interpreting or recording anything.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from ..device.backing import backing_device
+from ..device.tensor import new_tensor
+from ..ir.node import data_leaf
+from . import expr as X
+from .expr import E, Renderer, compile_function
+from .finalize import Plan
+from .interpreter import Box
+from .policy import New, is_lazy, tensor_signature
+from .session import Session
+
+
+class Pending(Exception):
+    """An input storage holds pending IR (the caller recorded ops on it before the call): sync, then replay."""
+
+
+class Miss(Exception):
+    """A check the guards cannot express failed at replay (inputs that shared no storage now share one)."""
+
+
+def global_state() -> tuple:
+    """The global state a recording depends on: grad mode, inference mode, autocast, the default dtype, and the
+    backing device of lazy."""
+    from ..config import config
+    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.is_autocast_enabled("cpu"),
+            torch.get_autocast_dtype("cpu"), torch.get_default_dtype(), config.backing_device)
+
+
+def _keys_same(d: Any, keys: tuple) -> bool:
+    k = tuple(d.keys())
+    return len(k) == len(keys) and all(a is b or (type(a) is type(b) and a == b and not isinstance(a, torch.Tensor))
+                                       for a, b in zip(k, keys))
+
+
+def _alias_pattern(tensors: tuple) -> tuple:
+    first: Dict[int, int] = {}
+    return tuple(first.setdefault(id(t._lz_st), i) for i, t in enumerate(tensors))
+
+
+def _snapshot(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t.detach().to(backing_device(), dtype=dtype, copy=True)
+
+
+def _input_data(t: Any) -> Any:
+    data = t._lz_st.value.data
+    if data is None:
+        raise Pending
+    return data
+
+
+def _write(t: Any, out: torch.Tensor) -> None:
+    st = t._lz_st
+    st.value = data_leaf(out)
+    st.version += 1
+
+
+class _Consumed(torch.autograd.Function):
+    """The autograd history of an output whose graph a backward inside the function already used: any backward
+    through it fails, as it would in eager."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.detach()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        raise RuntimeError("Trying to backward through the graph a second time (or directly access saved tensors "
+                           "after they have already been freed): the function compiled with lazy.compile already ran "
+                           "backward through this tensor's graph.")
+
+
+def _consumed(t: torch.Tensor) -> torch.Tensor:
+    with torch.enable_grad():
+        return _Consumed.apply(t.detach().requires_grad_())
+
+
+class Entry:
+    """One captured specialization of a function: guards, program and replay."""
+
+    def __init__(self, s: Session, plan: Plan, program: Any, state: tuple, breaks: Callable[[str], None]) -> None:
+        self.program = program
+        self.state = state
+        self.hits = 0
+        self.check = self._render_check(s, plan)
+        self.run = self._render_run(s, plan, breaks)
+
+    # ---- guards ----
+
+    def _render_check(self, s: Session, plan: Plan) -> Callable[[tuple], bool]:
+        r = Renderer()
+        terms = [f"_global_state() == {r.const(self.state)}"]
+        for (kind, e), expected in s.guards.items():
+            terms.append(_guard(r, kind, e, expected))
+        body = ["try:", "    return (" + "\n            and ".join(terms) + ")", "except Exception:", "    return False"]
+        fn = compile_function("check", "A", body, r.consts)
+        fn.__globals__.update(_GUARD_HELPERS)
+        self.check_source = fn.__lazy_source__
+        self.guards = [("global state", "_global_state()", self.state)] + [
+            (kind, repr(e), expected) for (kind, e), expected in s.guards.items()]
+        self._terms, self._consts = terms, r.consts
+        return fn
+
+    def failures(self, A: tuple) -> List[str]:
+        """The guards ``A`` fails, each as "kind expression: expected ..., now ..." (for recompile reasons)."""
+        out = []
+        for (kind, text, expected), term in zip(self.guards, self._terms):
+            fn = compile_function("one", "A", ["try:", f"    return {term}", "except Exception as e:",
+                                               "    return e"], self._consts)
+            fn.__globals__.update(_GUARD_HELPERS)
+            ok = fn(A)
+            if ok is not True:
+                now = _describe_now(text, A, self._consts) if not isinstance(ok, Exception) else f"raised {ok!r}"
+                out.append(f"{kind} {text}: expected {expected!r}, now {now}")
+        return out
+
+    # ---- replay ----
+
+    def _render_run(self, s: Session, plan: Plan, breaks: Callable[[str], None]) -> Callable[[tuple], Any]:
+        r = Renderer()
+        body: List[str] = []
+        if s.host_ops:
+            body.append(f"R = [None] * {len(s.host_ops)}")
+        for op in s.host_ops:
+            body.append(f"R[{op.index}] = {r.expr(op.fn)}")
+        lin = plan.lin
+        if lin is not None:
+            leaf_nodes = [n for n in lin.order if n.is_data]
+            inputs = []
+            for (kind, e), node in zip(plan.inputs, leaf_nodes):
+                if kind == "storage":
+                    inputs.append(f"_input_data({r.expr(e)})")
+                elif kind == "host" and e.op == "attr" and e.args[1] == "data":
+                    inputs.append(r.expr(e))
+                elif kind == "host":
+                    inputs.append(f"_snapshot({r.expr(e)}, {r.const(node.dtype)})")
+                else:
+                    inputs.append(r.const(e))
+            storage_inputs = [e for kind, e in plan.inputs if kind == "storage"]
+            if len(storage_inputs) > 1:  # distinct storages at capture: the same at replay, or the graph differs
+                pattern = tuple(range(len(storage_inputs)))
+                body.append(f"if _alias_pattern(({', '.join(r.expr(e) for e in storage_inputs)},)) != "
+                            f"{r.const(pattern)}: raise _Miss")
+            body.append(f"I = [{', '.join(inputs)}]")
+            scalars = []
+            for kind, v in plan.scalars:
+                scalars.append(f"R[{v}]" if kind == "reg" else r.expr(v) if kind == "expr" else r.const(v))
+            body.append(f"S = [{', '.join(scalars)}]")
+            body.append(f"O = {r.const(self.program)}.run(I, S)")
+            for i, e in plan.mutated:
+                body.append(f"_write({r.expr(e)}, O[{i}])")
+        made: Dict[int, str] = {}
+        for tid, (i, desc, numel) in (plan.created or {}).items():
+            name = f"T{i}"
+            made[tid] = name
+            body.append(f"{name} = _new({r.const(desc)}, _leaf(O[{i}]), {numel})")
+        # Every value is computed before the first store: the expressions read the state as the call found it
+        # (reads after the function's own stores were resolved at capture), which the stores change.
+        renderer = _Values(r, made, plan, breaks)
+        stores = []
+        for k, eff in enumerate(s.effects):
+            target, value, store = renderer.effect(eff)
+            body.append(f"t{k} = {target}")
+            if value is not None:
+                body.append(f"v{k} = {value}")
+            stores.append(store.format(t=f"t{k}", v=f"v{k}"))
+        body.append(f"result = {renderer.value(plan.result)}")
+        body.extend(stores)
+        body.append("return result")
+        fn = compile_function("replay", "A", body, r.consts)
+        fn.__globals__.update(_input_data=_input_data, _snapshot=_snapshot, _write=_write, _new=new_tensor,
+                              _leaf=data_leaf, _alias_pattern=_alias_pattern, _consumed=_consumed, _Miss=Miss)
+        self.run_source = fn.__lazy_source__
+        return fn
+
+
+_GUARD_HELPERS = dict(_global_state=global_state, _keys_same=_keys_same, _tensor_sig=tensor_signature,
+                      _alias_pattern=_alias_pattern)
+
+
+def _describe_now(text: str, A: tuple, consts: list) -> str:
+    try:
+        fn = compile_function("now", "A", [f"return {text}"] if text != "_global_state()" else
+                              ["return _global_state()"], consts)
+        fn.__globals__.update(_GUARD_HELPERS)
+        value = fn(A)
+        return repr(tensor_signature(value) if isinstance(value, torch.Tensor) else value)[:200]
+    except Exception as e:  # noqa: BLE001 -- reporting only
+        return f"unreadable ({type(e).__name__})"
+
+
+def _guard(r: Renderer, kind: str, e: E, expected: Any) -> str:
+    x = r.expr(e)
+    if kind == "id":
+        return f"{x} is {r.const(expected)}"
+    if kind == "type":
+        return f"type({x}) is {r.const(expected)}"
+    if kind == "eq":
+        if isinstance(expected, torch.Tensor):
+            return f"{x} is {r.const(expected)}"
+        return f"(type({x}) is {r.const(type(expected))} and {x} == {r.const(expected)})"
+    if kind == "truth":
+        return f"bool({x}) is {expected}"
+    if kind == "isnone":
+        return f"({x} is None) is {expected}"
+    if kind == "len":
+        return f"len({x}) == {expected}"
+    if kind == "keys":
+        return f"_keys_same({x}, {r.const(expected)})"
+    if kind == "tensor":
+        return f"_tensor_sig({x}) == {r.const(expected)}"
+    if kind == "absent":
+        return f"{r.const(expected)} not in {x}"
+    if kind == "noattr":
+        return f"not hasattr({x}, {expected!r})"
+    if kind == "hasattr":
+        name, present = expected
+        return f"hasattr({x}, {name!r}) is {present}"
+    raise ValueError(f"lazy capture internal error: guard kind {kind}")
+
+
+class _Values:
+    """Renders stored and returned values: expressions, rebuilt containers, tensors the graph made."""
+
+    def __init__(self, r: Renderer, made: Dict[int, str], plan: Plan, breaks: Callable[[str], None]) -> None:
+        self.r, self.made, self.plan, self.breaks = r, made, plan, breaks
+
+    def value(self, b: Box) -> str:
+        v, m = b.v, b.m
+        if type(m) is E:
+            return self.r.expr(m)
+        if is_lazy(v):
+            name = self.made.get(id(v))
+            if name is None:
+                self.breaks("returns or stores a tensor capture cannot rebuild")
+                return "None"
+            if v.requires_grad:
+                if id(v) in self.plan.backward_consumed:
+                    return f"_consumed({name})"
+                self.breaks("returns or stores a tensor with autograd history: run backward inside the function, "
+                            "or return .detach()")
+            return name
+        if type(m) is New:
+            if m.kind == "tuple":
+                inner = ", ".join(self.value(x) for x in m.items)
+                built = f"({inner},)" if len(m.items) == 1 else f"({inner})"
+                return f"{self.r.const(type(v))}{built}" if type(v) is not tuple else built
+            if m.kind == "list":
+                return f"[{', '.join(self.value(x) for x in m.items)}]"
+            if m.kind == "dict":
+                return "{" + ", ".join(f"{self.r.const(k)}: {self.value(x)}" for k, x in m.items.items()) + "}"
+            self.breaks(f"returns or stores a {type(v).__name__} it created, which a replay cannot rebuild")
+            return "None"
+        if isinstance(v, torch.Tensor):
+            self.breaks("returns or stores a host tensor capture cannot rebuild")
+        return self.r.const(v)
+
+    def effect(self, eff: Any) -> tuple:
+        """(target expression, value expression or None, the store as a template over {t} and {v})."""
+        t = self.r.expr(eff.target)
+        value = self.value(eff.value) if isinstance(eff.value, Box) else None
+        if eff.kind == "setattr":
+            return t, value, f"object.__setattr__({{t}}, {eff.key!r}, {{v}})"
+        if eff.kind == "delattr":
+            return t, None, f"object.__delattr__({{t}}, {eff.key!r})"
+        if eff.kind == "setitem":
+            return t, value, f"{{t}}[{self.r.expr(eff.key)}] = {{v}}"
+        if eff.kind == "delitem":
+            return t, None, f"del {{t}}[{self.r.expr(eff.key)}]"
+        if eff.kind == "cell_set":
+            return (t, value, "{t}.cell_contents = {v}") if value is not None else (t, None, "del {t}.cell_contents")
+        if eff.kind == "list_method":
+            args = "(" + "".join(f"{self.value(a)}, " for a in eff.value) + ")"
+            return t, args, f"{{t}}.{eff.key}(*{{v}})"
+        raise ValueError(f"lazy capture internal error: effect {eff.kind}")
+
+
+_ = (X, Optional)

@@ -1,0 +1,102 @@
+"""What one capture run accumulates while the interpreter executes the function (lazy/capture/policy.py fills it).
+
+- ``guards``: (kind, expression, expected) checks on the entry state a replay needs (Note [Guards]).
+- ``effects``: stores into objects that existed before the call, in order, replayed after the graph runs.
+- ``host_ops``: calls on host (non-lazy) tensors, replayed in order before the graph runs (an optimizer's CPU step
+  counters), each leaving its result in a register.
+- ``torch_calls``: the calls that recorded lazy ops with symbolic Python numbers among their arguments, with the
+  serials of the nodes they recorded, for binding numbers to the graph's scalar slots (Note [Binding scalars]).
+- ``written``: what the function stored where, so that a later read of the same place sees the stored box.
+- ``broken``: why the function cannot be replayed (a sync inside, I/O, ...), with the user's source line.
+
+Note [Guards]
+A replay is valid only while everything the capture depended on is as it was. The policy adds a guard where a value
+is *used*, not where it is read, as Dynamo does: an object that is called is guarded by identity; a number used in a
+branch by the branch's outcome; a number passed to an op that is not a runtime input by its value; a tensor by its
+metadata; a dict that is iterated by its keys. Values read but never used cost no guard. Numbers that reach the
+graph as runtime scalars, and values the function stores or returns, are not guarded: the replay reads them again.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional, Tuple
+
+from .expr import E
+
+
+@dataclasses.dataclass
+class Break:
+    """Why a function cannot be replayed, and where (the user's file and line)."""
+
+    reason: str
+    where: str
+    transient: bool = False  # e.g. an optimizer's first step creates its state: the next call may capture
+
+    def __str__(self) -> str:
+        return f"{self.reason} (at {self.where})"
+
+
+class CaptureBreak(Exception):
+    """Raised inside a capture run where ``fullgraph=True`` makes a break an error."""
+
+
+@dataclasses.dataclass
+class HostOp:
+    """``fn(*args, **kwargs)`` on host tensors: args are expressions or constants; the result goes to ``R[index]``."""
+
+    index: int
+    fn: Any
+    args: Tuple[Any, ...]
+    kwargs: Dict[str, Any]
+
+
+@dataclasses.dataclass
+class Effect:
+    """A store into an object that existed before the call: ``kind`` is setattr, delattr, setitem, delitem,
+    cell_set, list_method (``name`` then names a list method and ``value`` its argument tuple)."""
+
+    kind: str
+    target: E
+    key: Any
+    value: Any  # a Box (rebuilt at replay), or None for deletions
+
+
+@dataclasses.dataclass
+class TorchCall:
+    """A call that recorded lazy ops: the serials of the nodes it made, the symbolic numbers among its arguments
+    (value, expression), and whether autograd recorded it (then its numbers are guarded, never bound)."""
+
+    what: str
+    first_serial: int
+    last_serial: int
+    syms: List[Tuple[Any, E]]
+    where: str
+
+
+class Session:
+    def __init__(self) -> None:
+        self.guards: Dict[Tuple[str, E], Any] = {}
+        self.effects: List[Effect] = []
+        self.host_ops: List[HostOp] = []
+        self.torch_calls: List[TorchCall] = []
+        self.written: Dict[Tuple[int, Any], Any] = {}
+        self.keep: List[Any] = []                  # objects whose ids key the tables above: kept alive
+        self.created: Dict[int, Any] = {}          # id -> shadow of objects created during the call
+        self.storage_source: Dict[int, Tuple[Any, E]] = {}   # id(storage) -> (storage, expression of a tensor on it)
+        self.host_leaves: Dict[int, Any] = {}      # id(data leaf) -> expression of the host tensor it snapshots
+        self.seeds: List[Tuple[int, Any]] = []     # (seed, generator or None) in the order drawn
+        self.broken: Optional[Break] = None
+        self.backward_roots: List[Any] = []        # tensors backward() ran from (their graphs are consumed)
+        self.retain_graph = False
+
+    def guard(self, kind: str, e: E, expected: Any) -> None:
+        key = (kind, e)
+        if key not in self.guards:
+            self.guards[key] = expected
+
+    def remember(self, obj: Any) -> None:
+        self.keep.append(obj)
+
+    def breaks(self, reason: str, where: str, transient: bool = False) -> None:
+        if self.broken is None:
+            self.broken = Break(reason, where, transient)
