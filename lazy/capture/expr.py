@@ -111,6 +111,30 @@ class Renderer:
     def __init__(self) -> None:
         self.consts: List[Any] = []
         self._const_at: Dict[int, int] = {}
+        self.shared: set = set()          # subexpressions rendered once into a temporary (see ``share``)
+        self.temps: Dict[E, str] = {}
+        self.preamble: List[str] = []
+
+    def share(self, exprs: List[Any]) -> None:
+        """Common subexpressions of ``exprs``: each read of state (an attribute, an item, arithmetic over them) used
+        more than once is computed once into a temporary, in ``preamble``. Expressions over registers are left
+        in place: registers exist only once the host ops that fill them have run."""
+        counts: Dict[E, int] = {}
+
+        def visit(e: Any) -> None:
+            if type(e) is tuple:
+                for x in e:
+                    visit(x)
+                return
+            if type(e) is not E or e.op in ("arg", "obj", "reg"):
+                return
+            counts[e] = counts.get(e, 0) + 1
+            if counts[e] == 1:
+                for x in e.args:
+                    visit(x)
+        for e in exprs:
+            visit(e)
+        self.shared = {e for e, n in counts.items() if n > 1 and not any(r.op == "reg" for r in roots(e))}
 
     def const(self, value: Any) -> str:
         """``value`` as source: a literal for plain immutable values, else a slot of ``K``."""
@@ -127,6 +151,16 @@ class Renderer:
     def expr(self, e: Any) -> str:
         if type(e) is not E:
             return self.const(e)
+        if e in self.shared:
+            name = self.temps.get(e)
+            if name is None:
+                text = self._render(e)
+                name = self.temps[e] = f"_t{len(self.temps)}"
+                self.preamble.append(f"{name} = {text}")
+            return name
+        return self._render(e)
+
+    def _render(self, e: E) -> str:
         op, a = e.op, e.args
         if op == "arg":
             return f"A[{a[0]}]"

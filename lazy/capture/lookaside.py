@@ -55,6 +55,9 @@ def call(p: Any, fn: Box, args: List[Box], kwargs: Dict[str, Box]) -> Box:
         return call(p, Box(target.fn, X.attr(m, "fn") if type(m) is E else None), args, kwargs)
     if kind is types.FunctionType:
         p.need(fn, "id")
+        wrapped = _dynamo_wrapper(target)
+        if wrapped is not None:
+            return call(p, Box(wrapped), args, kwargs)
         handler = LOOKASIDES.get(id(target))
         if handler is not None:
             return handler(p, args, kwargs)
@@ -89,6 +92,17 @@ def call(p: Any, fn: Box, args: List[Box], kwargs: Dict[str, Box]) -> Box:
         p.need(fn, "id")
         return call(p, Box(dunder), [fn] + args, kwargs)
     return opaque(p, fn, args, kwargs)
+
+
+_DYNAMO_FILES = ("torch/_compile.py", "torch/_dynamo/eval_frame.py", "torch/_dynamo/decorators.py")
+
+
+def _dynamo_wrapper(fn: types.FunctionType) -> Optional[Any]:
+    """The function a ``torch._disable_dynamo`` / ``torch._dynamo.disable`` wrapper wraps (optimizers' zero_grad
+    is one): the wrapper only steers Dynamo, which capture is not, so capture runs the function itself."""
+    if fn.__code__.co_filename.endswith(_DYNAMO_FILES):
+        return getattr(fn, "__wrapped__", None)
+    return None
 
 
 def is_torch_callable(target: Any) -> bool:

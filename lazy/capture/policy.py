@@ -205,6 +205,11 @@ class CapturePolicy(Policy):
             from .lookaside import tensor_attribute
             return tensor_attribute(self, obj, name)
         value = getattr(v, name)
+        if type(m) is Bound and m.name == "<super>":  # super(cls, obj).name: bound to obj
+            owner = m.recv
+            if callable(value) and getattr(value, "__self__", None) is owner.v:
+                return Box(value, Bound(owner, name))
+            return self.getattr(owner, name) if hasattr(owner.v, name) else Box(value)
         if callable(value) and getattr(value, "__self__", None) is v and not isinstance(v, (type, types.ModuleType)):
             if type(m) is E:
                 self.need(obj, "type")

@@ -103,16 +103,22 @@ class Entry:
 
     def _render_check(self, s: Session, plan: Plan) -> Callable[[tuple], bool]:
         r = Renderer()
+        r.share([e for kind, e in s.guards])
         terms = [f"_global_state() == {r.const(self.state)}"]
         for (kind, e), expected in s.guards.items():
             terms.append(_guard(r, kind, e, expected))
-        body = ["try:", "    return (" + "\n            and ".join(terms) + ")", "except Exception:", "    return False"]
+        body = ["try:"] + ["    " + line for line in r.preamble] + [
+            "    return (" + "\n            and ".join(terms) + ")", "except Exception:", "    return False"]
         fn = compile_function("check", "A", body, r.consts)
         fn.__globals__.update(_GUARD_HELPERS)
         self.check_source = fn.__lazy_source__
         self.guards = [("global state", "_global_state()", self.state)] + [
             (kind, repr(e), expected) for (kind, e), expected in s.guards.items()]
-        self._terms, self._consts = terms, r.consts
+        plain = Renderer()  # one guard at a time, for reports: no temporaries
+        plain.consts = r.consts
+        plain._const_at = r._const_at
+        self._terms = [terms[0]] + [_guard(plain, kind, e, expected) for (kind, e), expected in s.guards.items()]
+        self._consts = r.consts
         return fn
 
     def failures(self, A: tuple) -> List[str]:
@@ -132,6 +138,7 @@ class Entry:
 
     def _render_run(self, s: Session, plan: Plan, breaks: Callable[[str], None]) -> Callable[[tuple], Any]:
         r = Renderer()
+        r.share(_run_expressions(s, plan))
         body: List[str] = []
         if s.host_ops:
             body.append(f"R = [None] * {len(s.host_ops)}")
@@ -181,11 +188,26 @@ class Entry:
         body.append(f"result = {renderer.value(plan.result)}")
         body.extend(stores)
         body.append("return result")
-        fn = compile_function("replay", "A", body, r.consts)
+        fn = compile_function("replay", "A", r.preamble + body, r.consts)
         fn.__globals__.update(_input_data=_input_data, _snapshot=_snapshot, _write=_write, _new=new_tensor,
                               _leaf=data_leaf, _alias_pattern=_alias_pattern, _consumed=_consumed, _Miss=Miss)
         self.run_source = fn.__lazy_source__
         return fn
+
+
+def _run_expressions(s: Session, plan: Plan) -> list:
+    """Every expression a replay evaluates (for common-subexpression sharing)."""
+    exprs: list = [op.fn for op in s.host_ops]
+    exprs += [e for kind, e in plan.inputs if kind in ("storage", "host")]
+    exprs += [v for kind, v in plan.scalars if kind == "expr"]
+    exprs += [e for _, e in plan.mutated]
+    for eff in s.effects:
+        exprs.append(eff.target)
+        if type(eff.key) is E:
+            exprs.append(eff.key)
+        values = eff.value if isinstance(eff.value, tuple) else (eff.value,)
+        exprs += [v.m for v in values if isinstance(v, Box) and type(v.m) is E]
+    return exprs
 
 
 _GUARD_HELPERS = dict(_global_state=global_state, _keys_same=_keys_same, _tensor_sig=tensor_signature,
