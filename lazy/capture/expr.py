@@ -128,6 +128,10 @@ class Renderer:
                 return
             if type(e) is not E or e.op in ("arg", "obj", "reg"):
                 return
+            if e.op in ("call", "meth"):  # a call may draw a seed or update a tensor: each runs where it is
+                for x in e.args:
+                    visit(x)
+                return
             counts[e] = counts.get(e, 0) + 1
             if counts[e] == 1:
                 for x in e.args:

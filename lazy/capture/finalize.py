@@ -144,14 +144,18 @@ def _escaping_tensors(s: Session, result: Box, breaks: Any) -> List[LazyTensor]:
 
 
 def _bind_inputs(s: Session, lin: Linearized, entry: Dict[int, Tuple[Any, Node]], breaks: Any) -> Optional[list]:
-    by_value = {id(node): key for key, (st, node) in entry.items()}
+    # NOTE: storages may share one value node (``a.copy_(b)`` makes b's value a's): any of them that the call
+    # reached gives the input.
+    by_value: Dict[int, list] = {}
+    for key, (st, node) in entry.items():
+        by_value.setdefault(id(node), []).append(key)
     inputs = []
     for node in lin.order:
         if node.op is not DATA:
             continue
-        key = by_value.get(id(node))
-        if key is not None:
-            source = s.storage_source.get(key)
+        keys = by_value.get(id(node))
+        if keys is not None:
+            source = next((s.storage_source[k] for k in keys if k in s.storage_source), None)
             if source is None:
                 breaks("reads a tensor it did not reach through its inputs (a global tensor, a captured one)")
                 return None
@@ -197,12 +201,9 @@ def _distinctive(v: Any) -> bool:
 def _bind_scalars(s: Session, lin: Linearized, breaks: Any) -> Optional[list]:
     calls = sorted(s.torch_calls, key=lambda c: c.first_serial)
     starts = [c.first_serial for c in calls]
-    seed_regs = {}
-    for k, (seed, reg) in enumerate(s.seeds):
-        seed_regs[seed] = reg
+    seed_regs = {seed: reg for seed, reg in s.seeds}
     slots: List[Tuple[str, Any]] = []
-    by_call: Dict[int, List[int]] = {}
-    unexplained = set()
+    in_call: Dict[int, List[Tuple[int, Any, str]]] = {}  # call -> (slot, value, kind)
     for node in lin.order:
         if node.op is DATA or not node.scalars:
             continue
@@ -211,7 +212,7 @@ def _bind_scalars(s: Session, lin: Linearized, breaks: Any) -> Optional[list]:
             breaks(f"records {node.op} with runtime scalars capture cannot place")
             return None
         at = bisect.bisect_right(starts, node.serial) - 1
-        call = calls[at] if at >= 0 and node.serial < calls[at].last_serial else None
+        call = at if at >= 0 and node.serial < calls[at].last_serial else None
         for value, kind in zip(node.scalars, kinds):
             if kind == "seed":
                 if value not in seed_regs:
@@ -220,30 +221,37 @@ def _bind_scalars(s: Session, lin: Linearized, breaks: Any) -> Optional[list]:
                 slots.append(("reg", seed_regs[value]))
                 continue
             slots.append(("const", value))
-            if call is None:
-                continue
-            matches = [e for v, e in call.syms if type(v) is type(value) and v == value]
-            if kind == "memo" or not matches:
-                unexplained.add(at)
-                continue
-            by_call.setdefault(at, []).append(len(slots) - 1)
-            if len({m for m in matches}) == 1 and _distinctive(value):
-                slots[-1] = ("expr", matches[0])
-            else:
-                unexplained.add(at)
+            if call is not None:
+                in_call.setdefault(call, []).append((len(slots) - 1, value, kind))
     for at, call in enumerate(calls):
-        bound = {slots[i][1] for i in by_call.get(at, ()) if slots[i][0] == "expr"}
-        values = {}
-        for v, e in call.syms:
-            values.setdefault(v, set()).add(e)
-        ambiguous = any(len(es) > 1 for es in values.values())
-        if at in unexplained or ambiguous or any(e not in bound for _, e in call.syms):
-            for i in by_call.get(at, ()):
-                if slots[i][0] == "expr":
-                    slots[i] = ("const", lin.scalars[i])
+        binding = _bind_call(call.syms, in_call.get(at, []))
+        if binding is None:
             for v, e in call.syms:
                 s.guard("eq", e, v)
+            continue
+        for i, e in binding.items():
+            slots[i] = ("expr", e)
     return slots
 
 
-_ = (Box, TENSOR, Any)
+def _bind_call(syms: list, slots: list) -> Optional[Dict[int, Any]]:
+    """slot -> expression for one torch call (Note [Binding scalars]), or None: guard its numbers instead."""
+    exprs: Dict[Tuple[type, Any], set] = {}
+    for v, e in syms:
+        exprs.setdefault((type(v), v), set()).add(e)
+    if any(len(es) > 1 for es in exprs.values()):
+        return None  # two different numbers of equal value: which slot is which cannot be told
+    binding: Dict[int, Any] = {}
+    used: Dict[Tuple[type, Any], int] = {}
+    for i, value, kind in slots:
+        key = (type(value), value)
+        if key not in exprs or kind == "memo":
+            return None  # a number the call made (1 / alpha?) or one that may decide a shape
+        binding[i] = next(iter(exprs[key]))
+        used[key] = used.get(key, 0) + 1
+    for key in exprs:
+        n = used.get(key, 0)
+        occurrences = sum(1 for v, _ in syms if (type(v), v) == key)
+        if n == 0 or (n > occurrences and not _distinctive(key[1])):
+            return None  # unused (a static use?), or more slots than arguments with a value C++ code might use
+    return binding

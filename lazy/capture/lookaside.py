@@ -58,6 +58,8 @@ def call(p: Any, fn: Box, args: List[Box], kwargs: Dict[str, Box]) -> Box:
         wrapped = _dynamo_wrapper(target)
         if wrapped is not None:
             return call(p, Box(wrapped), args, kwargs)
+        if target.__code__.co_filename.startswith(_LAZY_ROOT):
+            return p.torch_call(fn, args, kwargs)  # lazy's own methods (Tensor.item, .cpu): run as the runtime runs
         handler = LOOKASIDES.get(id(target))
         if handler is not None:
             return handler(p, args, kwargs)
@@ -94,6 +96,7 @@ def call(p: Any, fn: Box, args: List[Box], kwargs: Dict[str, Box]) -> Box:
     return opaque(p, fn, args, kwargs)
 
 
+_LAZY_ROOT = __file__.rsplit("/", 2)[0] + "/"
 _DYNAMO_FILES = ("torch/_compile.py", "torch/_dynamo/eval_frame.py", "torch/_dynamo/decorators.py")
 
 
@@ -122,6 +125,17 @@ def call_method(p: Any, recv: Box, name: str, bound: Any, args: List[Box], kwarg
         return call(p, Box(func), [recv] + args, kwargs)
     if is_tensor(rv):
         return p.torch_call(Box(bound), args, kwargs, recv=recv)
+    if type(bound).__name__ == "method-wrapper":  # object's slots reached through super(): plain stores and reads
+        if name == "__setattr__":
+            p.set_attribute(recv, p.concrete(args[0]), args[1])
+            return Box(None)
+        if name == "__delattr__":
+            p.delattr(recv, p.concrete(args[0]))
+            return Box(None)
+        if name == "__getattribute__":
+            return p.getattr(recv, p.concrete(args[0]))
+        if name == "__init__" and not args and not kwargs:
+            return Box(None)
     for kind in type(rv).__mro__:
         handler = METHODS.get((kind, name))
         if handler is not None:

@@ -1,0 +1,413 @@
+"""lazy.compile: capture once, replay under guards, never unsoundly (lazy/capture/).
+
+Every replay is checked against eager, or against a plain lazy run of the same function; counters prove what
+happened (captures, replays, guard misses, breaks).
+"""
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import lazy
+from lazy.capture.session import CaptureBreak
+
+from models import MODELS, batch, loss_fn
+
+L = "lazy"
+
+
+def counter(name):
+    return lazy.metrics.counter(name)
+
+
+@pytest.fixture(autouse=True)
+def forget_captures():
+    yield
+    lazy.compile.reset()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Replays equal eager
+
+def test_a_function_replays_and_equals_eager():
+    @lazy.compile
+    def f(x, y, alpha):
+        return (x * alpha + y).relu().sum(dim=1)
+
+    for i in range(5):
+        x, y = torch.randn(4, 3), torch.randn(4, 3)
+        out = f(x.to(L), y.to(L), 0.5 + i)  # a runtime scalar: no recompile
+        torch.testing.assert_close(out.cpu(), (x * (0.5 + i) + y).relu().sum(dim=1))
+    assert counter("capture.captures") == 1 and counter("capture.replays") == 4
+
+
+def _optimizer(name, params):
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4)
+    return torch.optim.AdamW(params, lr=3e-3)
+
+
+def _train(kind, opt_name, device, steps, compiled):
+    torch.manual_seed(0)
+    model = MODELS[kind]().to(device)
+    opt = _optimizer(opt_name, model.parameters())
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
+
+    def step(model, opt, sched, x, y):
+        model.train()
+        loss = loss_fn(kind, model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        return loss.detach()
+
+    fn = lazy.compile(step) if compiled else step
+    losses = []
+    for s in range(steps):
+        x, y = batch(kind, s, device)
+        loss = fn(model, opt, sched, x, y)
+        if device == L and not compiled:
+            lazy.mark_step()
+        losses.append(loss.item())
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    steps_taken = [opt.state[p]["step"] for p in model.parameters()] if opt_name == "adamw" else []
+    return losses, state, [float(t) for t in steps_taken], opt.param_groups[0]["lr"], fn
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_training_step_replays_as_eager(kind, opt_name, cpu_backing):
+    """20 steps of a whole training step (forward, backward, clipping, optimizer, cosine schedule) captured once and
+    replayed: on the reference executor, the same numbers as 20 plain lazy steps to the bit (the replay runs the
+    graph the plain steps record), and eager's within the parity bound of tests/test_training.py; the optimizer's
+    step counters and the learning rate exactly."""
+    want = _train(kind, opt_name, "cpu", 20, compiled=False)
+    with lazy.config.override(compiler="reference"):
+        plain = _train(kind, opt_name, L, 20, compiled=False)
+        lazy.metrics.reset()
+        got = _train(kind, opt_name, L, 20, compiled=True)
+    fn = got[4]
+    assert fn.broken is None or fn.broken.transient, fn.broken
+    assert counter("capture.replays") >= 17, lazy.metrics.counters()
+    assert got[0] == plain[0]
+    for name, w in plain[1].items():
+        torch.testing.assert_close(got[1][name], w, rtol=0, atol=0, msg=name)
+    torch.testing.assert_close(torch.tensor(got[0]), torch.tensor(want[0]), rtol=1e-4, atol=1e-5)
+    for name, w in want[1].items():
+        torch.testing.assert_close(got[1][name], w, rtol=1e-4, atol=1e-5, msg=name)
+    assert got[2] == want[2] and got[3] == want[3]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Guards: each kind hits and misses
+
+def _compiled_sum():
+    @lazy.compile
+    def f(x):
+        return (x * 2).sum()
+    return f
+
+
+@pytest.mark.parametrize("change", ["shape", "dtype", "requires_grad", "layout"])
+def test_tensor_guards(change):
+    f = _compiled_sum()
+    x = torch.randn(3, 4)
+    f(x.to(L))
+    f(x.to(L))
+    assert counter("capture.replays") == 1
+    y = {"shape": torch.randn(5, 4), "dtype": torch.randn(3, 4, dtype=torch.float64),
+         "requires_grad": x.clone().requires_grad_(), "layout": torch.randn(4, 3).t()}[change]
+    with torch.no_grad():
+        out = f(y.to(L) if change != "requires_grad" else y.detach().to(L).requires_grad_())
+    torch.testing.assert_close(out.cpu(), (y.detach() * 2).sum())
+    assert counter("capture.guard_miss") == 1 and counter("capture.captures") == 2
+
+
+def test_python_number_used_as_a_shape_is_guarded_and_as_a_scalar_is_not():
+    @lazy.compile
+    def f(x, n, scale):
+        return x.reshape(n, -1) * scale
+
+    x = torch.randn(4, 6)
+    for n, scale in ((2, 0.3), (2, 0.7), (3, 0.7), (2, 1.3)):
+        torch.testing.assert_close(f(x.to(L), n, scale).cpu(), x.reshape(n, -1) * scale)
+    assert counter("capture.captures") == 2  # n=2 and n=3; the scales are runtime inputs
+    assert counter("capture.replays") == 2
+
+
+def test_module_training_flag_and_globals_and_closures():
+    global OFFSET
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)).to(L)
+    offset = [1.7]
+
+    @lazy.compile
+    def f(x):
+        return model(x) + OFFSET + offset[0]
+
+    OFFSET = 0.3
+    x = torch.randn(2, 4).to(L)
+    model.eval()
+    with torch.no_grad():
+        a = f(x).cpu()
+        assert torch.equal(f(x).cpu(), a)  # replayed: in eval mode dropout is the identity
+        assert counter("capture.replays") == 1
+        model.train()  # the training flag is guarded: a new capture, where dropout drops
+        assert (f(x).cpu() - a).abs().max() > 0.1
+        assert counter("capture.captures") == 2
+        model.eval()
+        OFFSET, offset[0] = 10.3, 2.7  # numbers read again at each replay (runtime scalars), not recompiles
+        torch.testing.assert_close(f(x).cpu(), a + 11.0)
+    assert counter("capture.captures") == 2
+
+
+def test_grad_mode_is_guarded():
+    f = _compiled_sum()
+    x = torch.randn(3).to(L)
+    f(x)
+    with torch.no_grad():
+        f(x)
+    assert counter("capture.captures") == 2
+
+
+def test_other_objects_are_guarded_by_identity():
+    @lazy.compile
+    def f(m, x):
+        return m(x)
+
+    x = torch.randn(2, 3)
+    m1, m2 = nn.Linear(3, 2).to(L), nn.Linear(3, 2).to(L)
+    with torch.no_grad():
+        for m in (m1, m1, m2, m2, m1):
+            torch.testing.assert_close(f(m, x.to(L)).cpu(), F.linear(x, m.weight.cpu(), m.bias.cpu()))
+    assert counter("capture.captures") == 2 and counter("capture.replays") == 3
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Traps: state a replay must reproduce
+
+def test_random_ops_draw_fresh_seeds_as_a_plain_run_does():
+    def f(x):
+        return F.dropout(x, 0.5) + torch.rand_like(x)
+
+    cf = lazy.compile(f)
+    x = torch.ones(64).to(L)
+    torch.manual_seed(7)
+    got = [cf(x).cpu() for _ in range(4)]
+    after_compiled = torch.rand(3)
+    torch.manual_seed(7)
+    want = [f(x).cpu() for _ in range(4)]
+    after_plain = torch.rand(3)
+    assert counter("capture.replays") == 3
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    assert not torch.equal(got[1], got[2])
+    assert torch.equal(after_compiled, after_plain)  # the generator advanced as in the plain run
+
+
+class Counter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.calls = 0
+        self.history = []
+
+    def forward(self, x):
+        self.calls += 1
+        y = self.lin(x)
+        self.history.append(self.calls)
+        return y * self.calls
+
+
+def test_python_counters_lists_and_attributes_are_replayed():
+    m = Counter().to(L)
+    cm = Counter().to(L)
+    cm.load_state_dict(m.state_dict())
+    f = lazy.compile(lambda mod, x: mod(x))
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        for _ in range(4):
+            torch.testing.assert_close(f(cm, x.to(L)).cpu(), m(x.to(L)).cpu())
+    assert counter("capture.replays") == 3
+    assert cm.calls == m.calls == 4 and cm.history == m.history == [1, 2, 3, 4]
+
+
+def test_no_grad_and_train_eval_inside_the_function():
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).to(L)
+    ref = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).to(L)
+    ref.load_state_dict(model.state_dict())
+
+    def evaluate(m, x):
+        m.eval()
+        with torch.no_grad():
+            out = m(x)
+        m.train()
+        return out
+
+    f = lazy.compile(evaluate)
+    for s in range(3):
+        x = torch.randn(5, 4).to(L)
+        torch.testing.assert_close(f(model, x).cpu(), evaluate(ref, x).cpu())
+        assert model.training and torch.is_grad_enabled()
+    assert counter("capture.replays") == 2
+
+
+def test_forward_hooks_run_in_a_replay():
+    model = nn.Linear(3, 3).to(L)
+    seen = []
+    model.register_forward_hook(lambda mod, inp, out: seen.append(1) or out * 2)
+    f = lazy.compile(lambda x: model(x))
+    x = torch.randn(2, 3).to(L)
+    with torch.no_grad():
+        outs = [f(x).cpu() for _ in range(3)]
+    assert counter("capture.replays") == 2 and torch.equal(outs[0], outs[2])
+    assert len(seen) == 3  # the hook's append is an effect on a list: replayed with the graph
+    torch.testing.assert_close(outs[0], model(x).cpu())  # the hook doubled the output
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Graph breaks: the function runs plainly, correct
+
+@pytest.mark.parametrize("case", ["item", "print", "bool", "nonzero", "open"])
+def test_graph_breaks_run_plainly(case, tmp_path, capsys):
+    def f(x):
+        y = x * 2
+        if case == "item":
+            return y + y.sum().item()
+        if case == "print":
+            print("y", y.shape)
+            return y
+        if case == "bool":
+            return y if (y.sum() > 0) else -y
+        if case == "nonzero":
+            return y[y > 0].sum()
+        with open(tmp_path / "log", "a") as fh:
+            fh.write("step\n")
+        return y
+
+    cf = lazy.compile(f)
+    for _ in range(3):
+        x = torch.randn(6)
+        torch.testing.assert_close(cf(x.to(L)).cpu(), f(x.to(L)).cpu())
+    assert counter("capture.replays") == 0 and cf.broken is not None
+    assert "test_capture.py" in cf.broken.where
+
+
+def test_fullgraph_turns_a_break_into_an_error_with_the_users_line():
+    @lazy.compile(fullgraph=True)
+    def f(x):
+        return x + x.sum().item()
+
+    with pytest.raises(CaptureBreak, match=r"syncs.*test_capture\.py:\d+"):
+        f(torch.randn(3).to(L))
+
+
+def test_a_tensor_hook_run_by_autograd_breaks():
+    w = torch.randn(3).to(L).requires_grad_()
+    w.register_hook(lambda g: g * 2)
+
+    @lazy.compile
+    def f(x):
+        (w * x).sum().backward()
+        return w.grad.detach()
+
+    f(torch.ones(3).to(L))
+    assert f.broken is not None and "natively" in f.broken.reason
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Recompiles, nesting, forms, errors
+
+def test_recompile_limit_then_plain_runs():
+    @lazy.compile(max_recompiles=2)
+    def f(x):
+        return x * 2
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in range(1, 7):
+            torch.testing.assert_close(f(torch.ones(n).to(L)).cpu(), torch.full((n,), 2.0))
+    assert counter("capture.captures") == 3 and counter("capture.plain_run") == 3
+    assert sum("max_recompiles" in str(w.message) for w in caught) == 1
+
+
+def test_nested_compiled_functions():
+    inner = lazy.compile(lambda x: x.sin() * 2)
+
+    @lazy.compile
+    def outer(x):
+        return inner(x) + inner(x * 3)
+
+    for _ in range(3):
+        x = torch.randn(4)
+        torch.testing.assert_close(outer(x.to(L)).cpu(), x.sin() * 2 + (x * 3).sin() * 2)
+    assert counter("capture.replays") == 2
+
+
+def test_method_and_module_forms():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.lin(x)
+
+        @lazy.compile
+        def double(self, x):
+            return self.lin(x) * 2
+
+    m = M().to(L)
+    cm = lazy.compile(m)
+    x = torch.randn(4, 3)
+    want = F.linear(x, m.lin.weight.detach().cpu(), m.lin.bias.detach().cpu())
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(m.double(x.to(L)).cpu(), want * 2)
+            torch.testing.assert_close(cm(x.to(L)).cpu(), want)
+    assert counter("capture.replays") == 2
+
+
+def test_training_forward_outside_autograd_runs_plainly():
+    """A module's forward compiled on its own returns a tensor with autograd history that a backward outside will
+    use: that is not replayable, so it runs plainly, and training works."""
+    torch.manual_seed(0)
+    m = nn.Linear(3, 1).to(L)
+    cm = lazy.compile(m)
+    loss = cm(torch.randn(4, 3).to(L)).sum()
+    loss.backward()
+    assert m.weight.grad is not None and cm.broken is not None and "autograd" in cm.broken.reason
+
+
+def test_exceptions_propagate_and_the_function_keeps_working():
+    @lazy.compile
+    def f(x, fail):
+        if fail:
+            raise ValueError("boom")
+        return x + 1
+
+    with pytest.raises(ValueError, match="boom"):
+        f(torch.ones(2).to(L), True)
+    torch.testing.assert_close(f(torch.ones(2).to(L), False).cpu(), torch.full((2,), 2.0))
+
+
+def test_reset_makes_it_capture_again():
+    f = _compiled_sum()
+    x = torch.randn(3).to(L)
+    f(x)
+    f(x)
+    lazy.compile.reset()
+    f(x)
+    assert counter("capture.captures") == 2
+
+
+def test_generators_are_refused():
+    def gen(x):
+        yield x
+
+    with pytest.raises(TypeError, match="generator"):
+        lazy.compile(gen)
+
