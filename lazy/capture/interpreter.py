@@ -528,7 +528,12 @@ class Interpreter:
                     if out is not None:
                         if type(out) is _Return:
                             return out
-                        sent = yield out  # YIELD_VALUE
+                        try:
+                            sent = yield out  # YIELD_VALUE
+                        except BaseException:
+                            # Thrown into the generator: CPython resumes the frame with None pushed, then raises
+                            frame.stack.append(self.policy.const(None))
+                            raise
                         frame.stack.append(sent)
                 except _Unwound:
                     raise
