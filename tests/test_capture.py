@@ -411,3 +411,15 @@ def test_generators_are_refused():
     with pytest.raises(TypeError, match="generator"):
         lazy.compile(gen)
 
+
+
+def test_every_argument_kind():
+    @lazy.compile
+    def f(a, b=2.5, *rest, c, d=1.5, **kw):
+        return a * b + sum(rest) * c + d + kw["e"]
+
+    x = torch.randn(3)
+    for e in (0.3, 0.7):
+        got = f(x.to(L), 1.25, x.to(L), x.to(L), c=0.5, e=e)
+        torch.testing.assert_close(got.cpu(), x * 1.25 + (x + x) * 0.5 + 1.5 + e)
+    assert counter("capture.replays") == 1

@@ -63,6 +63,16 @@ class CompiledFunction:
         self.events: List[dict] = []  # captures, recompiles, breaks, for lazy.explain(fn)
         self.warned = False
         self.signature = inspect.signature(fn)
+        # Note [Bound arguments]
+        # A call's arguments are bound once, in the order of the function's code's argument locals (positional,
+        # keyword-only, then *args as a tuple and **kwargs as a dict): the order a frame holds them in, which the
+        # frame hook (csrc/) reads directly, and the ``A[i]`` of every guard and replay.
+        code = getattr(fn, "__func__", fn).__code__
+        offset = 1 if isinstance(fn, types.MethodType) else 0  # a bound method's self is not an argument here
+        nall = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
+        self.arg_names = code.co_varnames[offset:nall]
+        self.nargs = len(self.arg_names)
+        self.simple = not code.co_kwonlyargcount and not code.co_flags & (0x04 | 0x08)
         self.__wrapped__ = fn
         for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
             try:
@@ -82,7 +92,12 @@ class CompiledFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not _capturable_now():
             return self.fn(*args, **kwargs)
-        bound = self._bind(args, kwargs)
+        out = self.handle(self._bind(args, kwargs))
+        return self.fn(*args, **kwargs) if out is RUN_PLAIN else out
+
+    def handle(self, bound: tuple) -> Any:
+        """A call with its arguments bound (Note [Bound arguments]): the result of a replay or of a capture run
+        (which is the call itself), or RUN_PLAIN when the caller must run the function plainly."""
         for entry in self.entries:
             if entry.check(bound):
                 out = self._replay(entry, bound)
@@ -91,23 +106,24 @@ class CompiledFunction:
         metrics.bump("capture.guard_miss" if self.entries else "capture.first_call")
         if self.broken is not None and not self.broken.transient:
             metrics.bump("capture.plain_run")
-            return self.fn(*args, **kwargs)
+            return RUN_PLAIN
         if len(self.entries) > self.max_recompiles:
             if not self.warned:
                 self.warned = True
                 warnings.warn(f"lazy.compile: {self!r} recompiled {self.max_recompiles} times "
                               "(max_recompiles); it runs plainly from now on. lazy.explain(fn) lists why.",
-                              stacklevel=2)
+                              stacklevel=3)
             metrics.bump("capture.plain_run")
-            return self.fn(*args, **kwargs)
-        return self._capture(bound, args, kwargs)
+            return RUN_PLAIN
+        return self._capture(bound)
 
     def _bind(self, args: tuple, kwargs: dict) -> tuple:
-        if not kwargs and len(args) == len(self.signature.parameters) and not _has_var(self.signature):
+        """The call's arguments as the function's frame holds them (Note [Bound arguments])."""
+        if not kwargs and len(args) == self.nargs and self.simple:
             return args
         ba = self.signature.bind(*args, **kwargs)
         ba.apply_defaults()
-        return tuple(ba.arguments.values())
+        return tuple(ba.arguments[name] for name in self.arg_names)
 
     def _replay(self, entry: Entry, bound: tuple) -> Any:
         try:
@@ -123,7 +139,7 @@ class CompiledFunction:
 
     # ---- capture ----
 
-    def _capture(self, bound: tuple, args: tuple, kwargs: dict) -> Any:
+    def _capture(self, bound: tuple) -> Any:
         start = time.perf_counter()
         if pending_storages():
             mark_step()  # the capture starts from data: its graph's inputs are the storages' values now
@@ -181,7 +197,9 @@ class CompiledFunction:
     def _boxed_arguments(self, bound: tuple) -> Tuple[List[Box], Dict[str, Box]]:
         pos: List[Box] = []
         kw: Dict[str, Box] = {}
-        for i, (name, param) in enumerate(self.signature.parameters.items()):
+        params = self.signature.parameters
+        for i, name in enumerate(self.arg_names):
+            param = params[name]
             value = bound[i]
             e = X.arg(i)
             if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
@@ -225,8 +243,12 @@ def _run_capture_graph(plan: Any, entry: Entry) -> None:
 _MISSED = object()
 
 
-def _has_var(sig: inspect.Signature) -> bool:
-    return any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.KEYWORD_ONLY) for p in sig.parameters.values())
+class _RunPlain:
+    def __repr__(self) -> str:
+        return "RUN_PLAIN"
+
+
+RUN_PLAIN = _RunPlain()  # what ``handle`` returns when the function must run plainly
 
 
 def _capturable_now() -> bool:
