@@ -11,7 +11,7 @@ import torch  # noqa: F401 -- first: lazy._C links torch's libc10, which torch's
 from . import compat as _compat
 from .config import config
 from .debug import metrics
-from .debug.explain import explain
+from .debug import explain as _explain
 from .device import sdpa as _sdpa
 from .device.tensor import LAZY_DEVICE, LazyTensor
 from .trace import lazy_key as _lazy_key
@@ -27,6 +27,16 @@ device = LAZY_DEVICE
 
 __all__ = ["LAZY_DEVICE", "LazyTensor", "compile", "config", "device", "explain", "mark_step", "metrics",
            "sync_tensors", "wait_device_ops", "is_lazy"]
+
+
+def explain(fn: object = None, last: int = 50) -> str:
+    """Why things happened. ``lazy.explain()``: the recent syncs by cause and source line, and every compile with
+    its reason. ``lazy.explain(fn)`` for a function given to ``lazy.compile``: its captures, guards, replays, guard
+    misses (which guard failed: expected and found) and breaks (reason and line)."""
+    if fn is None:
+        return _explain.explain(last)
+    from .capture.function import state_of
+    return state_of(fn).explain()
 
 
 def is_lazy(t: object) -> bool:

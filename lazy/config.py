@@ -32,6 +32,9 @@ KNOBS = (
     Knob("compiler", "auto", "LAZY_COMPILER",
          "How graphs are compiled: 'cpp' (fused C++/OpenMP kernels), 'reference' (each node through ATen), or "
          "'auto' (cpp on a cpu backing device, reference elsewhere)."),
+    Knob("capture_verify", False, "LAZY_CAPTURE_VERIFY",
+         "lazy.compile: run every replay and a plain run of the same call, and raise on the first difference "
+         "(outputs, tensors and Python state it writes).", _bool),
     Knob("compile_after", 2, "LAZY_COMPILE_AFTER",
          "With compiler 'auto': the execution of a graph that compiles it; the ones before run on the reference "
          "executor (1: compile at the first execution; 2, the default: at the second).", int),
@@ -41,6 +44,9 @@ KNOBS = (
     Knob("debug", 0, "LAZY_DEBUG", "Logging level 0..4: 1 syncs, 2 compiles, 3 graph details, 4 every traced op.",
          int),
     Knob("dump_dir", "", "LAZY_DUMP_DIR", "If set, write the IR of every compiled graph into this directory."),
+    Knob("logs", "", "LAZY_LOGS",
+         "Comma-separated topics logged to stderr as they happen: graph_breaks, recompiles, guards, output_code "
+         "(lazy.compile), syncs, compiles."),
     Knob("graph_cache_size", 1024, "LAZY_GRAPH_CACHE_SIZE", "Entries of the in-memory graph cache (LRU).", int),
     Knob("strict", False, "LAZY_STRICT",
          "Raise on every implicit sync (.item(), .cpu(), print, bool, data-dependent ops) instead of syncing.", _bool),

@@ -23,8 +23,11 @@ def counter(name):
 
 
 @pytest.fixture(autouse=True)
-def forget_captures():
-    yield
+def verified_and_forgotten():
+    """Every replay in these tests is checked against a plain run of the same call (LAZY_CAPTURE_VERIFY);
+    captures are forgotten after each test."""
+    with lazy.config.override(capture_verify=True):
+        yield
     lazy.compile.reset()
 
 
@@ -344,7 +347,7 @@ def test_nested_compiled_functions():
     for _ in range(3):
         x = torch.randn(4)
         torch.testing.assert_close(outer(x.to(L)).cpu(), x.sin() * 2 + (x * 3).sin() * 2)
-    assert counter("capture.replays") == 2
+    assert len(outer.entries) == 1 and outer.entries[0].hits == 2  # inner ran inside outer's capture
 
 
 def test_method_and_module_forms():
@@ -423,3 +426,49 @@ def test_every_argument_kind():
         got = f(x.to(L), 1.25, x.to(L), x.to(L), c=0.5, e=e)
         torch.testing.assert_close(got.cpu(), x * 1.25 + (x + x) * 0.5 + 1.5 + e)
     assert counter("capture.replays") == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Observability: verification, explain, logs
+
+def test_verification_catches_a_replay_that_differs():
+    from lazy.capture.verify import CaptureMismatch
+
+    state = {"calls": 0}
+
+    @lazy.compile
+    def f(x):
+        state["calls"] += 1
+        return x * 2
+
+    x = torch.ones(3).to(L)
+    f(x)
+    f(x)
+    entry = f.entries[0]
+    good = entry.run
+    entry.run = lambda A: torch.full((3,), 5.0).to(L)  # a replay computing the wrong value
+    with pytest.raises(CaptureMismatch, match="result"):
+        f(x)
+    entry.run = lambda A: good(A) if state.__setitem__("calls", state["calls"] - 1) is None else None
+    with pytest.raises(CaptureMismatch, match="calls"):  # a replay whose effect on Python state is wrong
+        f(x)
+
+
+def test_explain_and_topic_logs(capsys):
+    with lazy.config.override(logs="recompiles,graph_breaks,guards,output_code"):
+        @lazy.compile
+        def f(x):
+            return x * 2
+
+        f(torch.ones(3).to(L))
+        f(torch.ones(4).to(L))
+        g = lazy.compile(lambda x: x + x.sum().item())
+        g(torch.ones(2).to(L))
+    err = capsys.readouterr().err
+    assert "[lazy:recompiles]" in err and "guard failed: tensor A[0]" in err
+    assert "[lazy:graph_breaks]" in err and "syncs (item)" in err
+    assert "[lazy:guards]" in err and "[lazy:output_code]" in err and "def replay(A)" in err
+    text = lazy.explain(f)
+    assert "2 entries" in text and "guard miss: tensor A[0]" in text and "(4,)" in text
+    assert "runs plainly" in lazy.explain(g) and "test_capture.py" in lazy.explain(g)
+    assert counter("capture.guard_miss") == 1 and counter("capture.breaks") == 1

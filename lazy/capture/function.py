@@ -18,7 +18,7 @@ import torch
 from ..cache import graph_cache
 from ..config import config
 from ..debug import metrics
-from ..debug.log import log
+from ..debug.log import log, log_topic, topic_enabled
 from ..device.backing import backing_device
 from ..device.tensor import live_storages
 from ..ir.node import data_leaf
@@ -31,8 +31,10 @@ from .policy import CapturePolicy
 from .replay import Entry, Miss, Pending, global_state
 from .session import Break, CaptureBreak, Session
 from .tensors import CaptureHooks
+from .verify import verified_replay
 
 _ALL: List["CompiledFunction"] = []
+_BYPASS: set = set()  # code objects running plainly for a verification (lazy/capture/verify.py)
 
 
 class CompiledFunction:
@@ -67,7 +69,7 @@ class CompiledFunction:
         # A call's arguments are bound once, in the order of the function's code's argument locals (positional,
         # keyword-only, then *args as a tuple and **kwargs as a dict): the order a frame holds them in, which the
         # frame hook (csrc/) reads directly, and the ``A[i]`` of every guard and replay.
-        code = getattr(fn, "__func__", fn).__code__
+        code = self.code = getattr(fn, "__func__", fn).__code__
         offset = 1 if isinstance(fn, types.MethodType) else 0  # a bound method's self is not an argument here
         nall = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
         self.arg_names = code.co_varnames[offset:nall]
@@ -98,12 +100,21 @@ class CompiledFunction:
     def handle(self, bound: tuple) -> Any:
         """A call with its arguments bound (Note [Bound arguments]): the result of a replay or of a capture run
         (which is the call itself), or RUN_PLAIN when the caller must run the function plainly."""
+        if self.code in _BYPASS:
+            return RUN_PLAIN
         for entry in self.entries:
             if entry.check(bound):
+                metrics.bump("capture.guard_hit")
+                if config.capture_verify:
+                    return verified_replay(self, entry, bound, lambda: self._replay(entry, bound))
                 out = self._replay(entry, bound)
                 if out is not _MISSED:
                     return out
         metrics.bump("capture.guard_miss" if self.entries else "capture.first_call")
+        if self.entries:
+            why = self.entries[-1].failures(bound)
+            self._event("guard miss", why[0] if why else "a check at replay (inputs that now share storage)")
+            log_topic("recompiles", f"{self!r}: guard failed: {why[0] if why else '?'}")
         if self.broken is not None and not self.broken.transient:
             metrics.bump("capture.plain_run")
             return RUN_PLAIN
@@ -116,6 +127,31 @@ class CompiledFunction:
             metrics.bump("capture.plain_run")
             return RUN_PLAIN
         return self._capture(bound)
+
+    def run_plainly(self, bound: tuple) -> Any:
+        """The function run plainly on bound arguments (as a plain call records it), never through a capture."""
+        args, kwargs = self._unbind(bound)
+        _BYPASS.add(self.code)
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            _BYPASS.discard(self.code)
+
+    def _unbind(self, bound: tuple) -> Tuple[list, dict]:
+        args: list = []
+        kwargs: dict = {}
+        params = self.signature.parameters
+        for name, value in zip(self.arg_names, bound):
+            kind = params[name].kind
+            if kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+                args.append(value)
+            elif kind is inspect.Parameter.VAR_POSITIONAL:
+                args.extend(value)
+            elif kind is inspect.Parameter.KEYWORD_ONLY:
+                kwargs[name] = value
+            else:
+                kwargs.update(value)
+        return args, kwargs
 
     def _bind(self, args: tuple, kwargs: dict) -> tuple:
         """The call's arguments as the function's frame holds them (Note [Bound arguments])."""
@@ -179,9 +215,8 @@ class CompiledFunction:
             self.broken = s.broken
             metrics.bump("capture.breaks")
             self._event("break", str(s.broken))
+            log_topic("graph_breaks", f"{self!r} runs plainly: {s.broken}")
             log(1, f"lazy.compile: {self!r} runs plainly: {s.broken}")
-            if plan is not None and plan.lin is not None:
-                pass
             return result.v
         _run_capture_graph(plan, entry)
         self.entries.append(entry)
@@ -190,8 +225,13 @@ class CompiledFunction:
         metrics.bump("capture.captures")
         elapsed = time.perf_counter() - start
         metrics.bump("capture.time_s", elapsed)
-        self._event("capture", f"{len(s.guards)} guards, {len(s.effects)} effects, {len(s.host_ops)} host ops, "
-                               f"{len(plan.lin.order) if plan.lin is not None else 0} nodes, {elapsed:.3f} s")
+        self._event("capture", f"{entry.num_guards} guards, {len(s.effects)} effects, {len(s.host_ops)} host ops, "
+                               f"{entry.num_nodes} nodes, {elapsed:.3f} s")
+        log_topic("recompiles" if len(self.entries) > 1 else "captures", f"{self!r}: {self.events[-1]['text']}")
+        if topic_enabled("guards"):
+            log_topic("guards", f"{self!r}:\n" + "\n".join(f"  {k} {t} == {v!r}" for k, t, v in entry.guards))
+        if topic_enabled("output_code"):
+            log_topic("output_code", f"{self!r}:\n{entry.check_source}\n{entry.run_source}")
         return result.v
 
     def _boxed_arguments(self, bound: tuple) -> Tuple[List[Box], Dict[str, Box]]:
@@ -223,6 +263,18 @@ class CompiledFunction:
 
     def _event(self, kind: str, text: str) -> None:
         self.events.append({"kind": kind, "text": text})
+
+    def explain(self) -> str:
+        """What happened to this function: its entries (guards, hits), captures, guard misses and why, breaks."""
+        lines = [f"lazy.explain({getattr(self.fn, '__qualname__', self.fn)}): {len(self.entries)} entr"
+                 f"{'y' if len(self.entries) == 1 else 'ies'}"
+                 + (f", runs plainly: {self.broken}" if self.broken is not None and not self.broken.transient else "")]
+        for i, entry in enumerate(self.entries):
+            lines.append(f"  entry {i}: {entry.num_guards} guards, {entry.num_nodes} nodes, {len(entry.effects)} "
+                         f"effects, {entry.hits} replays")
+        for event in self.events:
+            lines.append(f"  {event['kind']}: {event['text']}")
+        return "\n".join(lines)
 
 
 def _run_capture_graph(plan: Any, entry: Entry) -> None:
@@ -264,6 +316,16 @@ def compile(fn: Optional[Callable[..., Any]] = None, *, fullgraph: bool = False,
     if fn is None:
         return lambda f: CompiledFunction(f, fullgraph, dynamic, mode, max_recompiles)
     return CompiledFunction(fn, fullgraph, dynamic, mode, max_recompiles)
+
+
+def state_of(fn: Any) -> "CompiledFunction":
+    """The capture state of a function given to ``lazy.compile``."""
+    if isinstance(fn, CompiledFunction):
+        return fn
+    for cf in _ALL:
+        if cf.fn is fn or getattr(cf.fn, "__func__", None) is fn or cf.module is fn:
+            return cf
+    raise ValueError(f"lazy.explain: {fn!r} was not given to lazy.compile")
 
 
 def reset() -> None:

@@ -96,6 +96,15 @@ class Entry:
         self.program = program
         self.state = state
         self.hits = 0
+        # What a replay writes, for LAZY_CAPTURE_VERIFY (lazy/capture/verify.py) and lazy.explain
+        self.effects = list(s.effects)
+        self.storage_exprs = [e for kind, e in plan.inputs if kind == "storage"] + [e for _, e in plan.mutated]
+        self.host_tensor_exprs = _host_receivers(s)
+        self.generators = [op.fn.args[1][0].args[0] for op in s.host_ops
+                           if op.fn.op == "call" and op.fn.args[1] and type(op.fn.args[1][0]) is E
+                           and op.fn.args[1][0].op == "obj" and isinstance(op.fn.args[1][0].args[0], torch.Generator)]
+        self.num_guards = len(s.guards) + 1
+        self.num_nodes = len(plan.lin.order) if plan.lin is not None else 0
         self.check = self._render_check(s, plan)
         self.run = self._render_run(s, plan, breaks)
 
@@ -193,6 +202,18 @@ class Entry:
                               _leaf=data_leaf, _alias_pattern=_alias_pattern, _consumed=_consumed, _Miss=Miss)
         self.run_source = fn.__lazy_source__
         return fn
+
+
+def _host_receivers(s: Session) -> list:
+    """Expressions of the state's objects the host ops act on (an optimizer's step tensors): what they may update."""
+    out = []
+    for op in s.host_ops:
+        e = op.fn
+        operands = [e.args[0]] + list(e.args[2]) if e.op == "meth" else list(e.args[1])
+        for x in operands:
+            if type(x) is E and x.op != "reg" and not any(r.op == "reg" for r in X.roots(x)) and x not in out:
+                out.append(x)
+    return out
 
 
 def _run_expressions(s: Session, plan: Plan) -> list:

@@ -20,6 +20,18 @@ _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH = os.path.dirname(os.path.abspath(__import__("torch").__file__))
 
 
+def topic_enabled(topic: str) -> bool:
+    """Whether ``topic`` is among LAZY_LOGS's comma-separated topics (``all`` enables every topic)."""
+    topics = config.logs
+    return bool(topics) and (topic in topics.split(",") or topics.strip() == "all")
+
+
+def log_topic(topic: str, message: str) -> None:
+    """A topic log (LAZY_LOGS=graph_breaks,recompiles,...), in the TORCH_LOGS habit."""
+    if topic_enabled(topic):
+        print(f"[lazy:{topic}] {message}", file=sys.stderr)
+
+
 def user_frame() -> str:
     """``file:line (function)`` of the first caller outside lazy/ and torch/: where the user caused this."""
     frame = sys._getframe(1)
