@@ -472,3 +472,23 @@ def test_explain_and_topic_logs(capsys):
     assert "2 entries" in text and "guard miss: tensor A[0]" in text and "(4,)" in text
     assert "runs plainly" in lazy.explain(g) and "test_capture.py" in lazy.explain(g)
     assert counter("capture.guard_miss") == 1 and counter("capture.breaks") == 1
+
+
+def _reshape_to_seven(x):
+    return x.reshape(7, 7)
+
+
+def test_an_error_in_a_capture_shows_the_users_lines():
+    import traceback
+
+    @lazy.compile
+    def f(x):
+        y = x * 2
+        return _reshape_to_seven(y)
+
+    with pytest.raises(RuntimeError, match="invalid for input of size 4") as info:
+        f(torch.ones(4).to(L))
+    text = "".join(traceback.format_exception(info.value))
+    assert "in f\n    return _reshape_to_seven(y)" in text
+    assert "in _reshape_to_seven\n    return x.reshape(7, 7)" in text
+    assert "lazy/capture/opcodes.py" not in text and "lazy/capture/interpreter.py" not in text

@@ -26,7 +26,7 @@ from ..sync import mark_step, pending_storages
 from ..trace import record
 from . import expr as X
 from .finalize import finalize
-from .interpreter import Box, Interpreter
+from .interpreter import Box, Interpreter, user_traceback
 from .policy import CapturePolicy
 from .replay import Entry, Miss, Pending, global_state
 from .session import Break, CaptureBreak, Session
@@ -195,6 +195,8 @@ class CompiledFunction:
             self.broken = s.broken
             self._event("break", str(s.broken))
             raise CaptureBreak(str(error)) from None
+        except BaseException as error:  # the function raised: as a plain call would, with the user's frames
+            raise error.with_traceback(user_traceback(error))
         finally:
             record.CAPTURE = previous
             CaptureHooks.current = None

@@ -27,6 +27,7 @@ never entered: the policy is asked to call such functions natively (``Policy.nat
 from __future__ import annotations
 
 import dis
+import linecache
 import sys
 import types
 from typing import Any, Dict, Iterator, List, Optional
@@ -542,6 +543,7 @@ class Interpreter:
                     if handled is not None and exc.__context__ is None and handled.v is not exc:
                         exc.__context__ = handled.v  # what CPython records: the exception being handled
                     if not self._handle(frame, ins.offset, exc):
+                        _note_frame(exc, frame)
                         raise
         finally:
             self.frames.pop()
@@ -559,6 +561,56 @@ class Interpreter:
         frame.stack.append(self.policy.exception(exc))
         frame.i = target
         return True
+
+
+def _note_frame(exc: BaseException, frame: Frame) -> None:
+    """Remember, on the exception, the interpreted frames it left (innermost first), for ``user_traceback``."""
+    try:
+        frames = exc.__dict__.setdefault("_lazy_frames", [])
+    except AttributeError:
+        return
+    code = frame.code.code
+    frames.append((code.co_filename, frame.line or code.co_firstlineno, code.co_name))
+
+
+def user_traceback(exc: BaseException) -> Any:
+    """A traceback for ``exc`` raised while interpreting: one entry per interpreted frame it left, at the user's
+    file, line and function, then the native frames below the innermost one (where the error was raised), without
+    the interpreter's own frames."""
+    frames = getattr(exc, "_lazy_frames", None)
+    if not frames:
+        return exc.__traceback__
+    tail = None
+    tb = exc.__traceback__
+    native = []
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_CAPTURE_DIR):
+            native.append(tb)
+        tb = tb.tb_next
+    for entry in reversed(native):
+        tail = types.TracebackType(tail, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    for filename, line, name in frames:  # innermost first: each wraps the ones inside it
+        tail = _fake_entry(filename, line, name, tail)
+    return tail
+
+
+_CAPTURE_DIR = __file__.rsplit("/", 1)[0] + "/"
+
+
+def _fake_entry(filename: str, line: int, name: str, tail: Any) -> Any:
+    """A traceback entry at ``filename:line`` in function ``name``: a frame made by raising from code compiled
+    under that name (what template engines do for their users' tracebacks)."""
+    stripped = linecache.getline(filename, line).strip()
+    # NOTE: the raise spans as many columns as the source line's text, so the traceback shows that line without
+    # carets under part of it
+    statement = "raise(_E" + " " * max(len(stripped) - 9, 0) + ")"
+    code = compile("\n" * (max(line, 1) - 1) + statement, filename, "exec").replace(co_name=name)
+    try:
+        exec(code, {"_E": RuntimeError})  # noqa: S102 -- a constant body: raise
+    except RuntimeError as e:
+        tb = e.__traceback__.tb_next
+        return types.TracebackType(tail, tb.tb_frame, tb.tb_lasti, tb.tb_lineno)
+    raise AssertionError("unreachable")
 
 
 class _Unwound(BaseException):
