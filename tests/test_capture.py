@@ -492,3 +492,14 @@ def test_an_error_in_a_capture_shows_the_users_lines():
     assert "in f\n    return _reshape_to_seven(y)" in text
     assert "in _reshape_to_seven\n    return x.reshape(7, 7)" in text
     assert "lazy/capture/opcodes.py" not in text and "lazy/capture/interpreter.py" not in text
+
+
+def test_options():
+    with pytest.raises(NotImplementedError, match="dynamic"):
+        lazy.compile(lambda x: x, dynamic=True)
+    with pytest.raises(ValueError, match="mode"):
+        lazy.compile(lambda x: x, mode="fast")
+    for mode in ("default", "reduce-overhead", "max-autotune"):
+        f = lazy.compile(lambda x: x * 3, mode=mode)
+        for _ in range(2):
+            torch.testing.assert_close(f(torch.ones(2).to(L)).cpu(), torch.full((2,), 3.0))

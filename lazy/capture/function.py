@@ -55,6 +55,10 @@ class CompiledFunction:
                             "a coroutine; compile the function that consumes it")
         if mode not in ("default", "reduce-overhead", "max-autotune"):
             raise ValueError(f"lazy.compile: mode must be 'default', 'reduce-overhead' or 'max-autotune', not {mode!r}")
+        if dynamic:
+            raise NotImplementedError(
+                "lazy.compile(dynamic=True): lazy specializes every capture on its tensors' shapes (dynamic shapes "
+                "are not supported); leave dynamic unset: a new shape captures again, up to max_recompiles")
         self.fn = fn
         self.fullgraph = fullgraph
         self.dynamic = dynamic
