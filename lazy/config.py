@@ -32,6 +32,10 @@ KNOBS = (
     Knob("compiler", "auto", "LAZY_COMPILER",
          "How graphs are compiled: 'cpp' (fused C++/OpenMP kernels), 'reference' (each node through ATen), or "
          "'auto' (cpp on a cpu backing device, reference elsewhere)."),
+    Knob("async_execution", True, "LAZY_ASYNC",
+         "A mark_step launches its graph on a worker thread and returns; only reading data (.cpu(), .item(), "
+         "print, bool) waits, and lazy.wait_device_ops() waits for all. 0: every sync runs its graph before "
+         "returning.", _bool),
     Knob("capture_verify", False, "LAZY_CAPTURE_VERIFY",
          "lazy.compile: run every replay and a plain run of the same call, and raise on the first difference "
          "(outputs, tensors and Python state it writes).", _bool),
