@@ -493,12 +493,7 @@ class CapturePolicy(Policy):
         m = it.m
         if type(m) is BoxIter:
             return next(m.it, None)
-        if isinstance(it.v, Generator):
-            return it.v.next_box()
-        try:
-            return Box(next(it.v))
-        except StopIteration:
-            return None
+        return super().next(it)
 
     def format(self, value: Box, conversion: Optional[str], spec: Optional[Box]) -> Box:
         self.concrete(value)
