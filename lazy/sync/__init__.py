@@ -7,7 +7,7 @@ with the user's source line (``lazy.explain()`` lists them).
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Sequence
+from typing import Any, Callable, Iterable, List, Sequence
 
 import torch
 
@@ -31,6 +31,12 @@ __all__ = ["ImplicitSyncError", "backing_device", "data_of", "mark_step", "mater
 
 class ImplicitSyncError(RuntimeError):
     """Raised in strict mode (lazy.config.strict) by any sync other than mark_step."""
+
+
+# Functions called with (linearized graph, cache hit) after a graph is looked up and before it runs, installed by
+# the layers above (Note [Layers] in lazy/device/tensor.py): lazy.distributed checks there that every rank runs
+# the same collectives (Note [Collective sequences agree] in lazy/distributed/check.py).
+BEFORE_RUN: List[Callable[[Any, bool], None]] = []
 
 
 def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -> List[torch.Tensor]:
@@ -57,6 +63,8 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
     device = backing_device()
     program, hit = graph_cache.lookup(lin, device)
     try:
+        for hook in BEFORE_RUN:
+            hook(lin, hit)
         outs = program.run(lin.leaves, lin.scalars)
     except Exception:
         # Eager would have raised at the op; here the graph raised. Its values stay IR (using them raises again),
