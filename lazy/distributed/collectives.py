@@ -155,9 +155,11 @@ _LAST: List[Optional[LazyTensor]] = [None]  # Note [Collectives run in recorded 
 
 def _token() -> Optional[Node]:
     last = _LAST[0]
-    if last is None or last._lz_st.value.op is DATA:
+    if last is None:
         return None
-    return last._lz_st.value
+    value = last._lz_st.value
+    # ran already, or its graph failed (a failed graph's collectives never run: chaining on one would run it again)
+    return None if value.op is DATA or value is last._lz_st.failed else value
 
 
 def _check_lazy(x: Any, what: str) -> LazyTensor:
