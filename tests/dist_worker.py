@@ -91,12 +91,23 @@ def data_parallel(kind: str, opt_name: str, how: str) -> tuple:
     return losses, model
 
 
+# The attention's key bias has an exact gradient of zero: its computed gradient is rounding noise, which AdamW
+# divides by its own running RMS, so two correct summation orders (one batch, or shards averaged) move it apart by up
+# to lr per step (GRADIENT_FREE in tests/test_training.py says more). It is held to that bound.
+GRADIENT_FREE = {"gpt": {"blocks.0.qkv.bias": slice(16, 32)}}
+
+
 def check_training(kind: str, opt_name: str, how: str) -> torch.nn.Module:
     want_losses, want_state = reference(kind, opt_name)
     got_losses, model = data_parallel(kind, opt_name, how)
     torch.testing.assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=1e-5, atol=1e-6)
+    free = GRADIENT_FREE.get(kind, {}) if opt_name == "adamw" else {}
     for name, value in model.state_dict().items():
-        torch.testing.assert_close(value.cpu(), want_state[name], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        got, want = value.cpu(), want_state[name]
+        if name in free:
+            torch.testing.assert_close(got[free[name]], want[free[name]], rtol=0, atol=0.01 * STEPS)
+            got[free[name]] = want[free[name]]
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
     passed(f"{how} {kind} {opt_name}")
     return model
 
