@@ -1,9 +1,9 @@
 """``all_reduce_gradients``: data parallelism without DDP, as torch_xla's ``xm.reduce_gradients``.
 
 Call it between ``loss.backward()`` and ``opt.step()``: the gradients of every rank are averaged in place. On lazy
-tensors the all-reduces are recorded into the step's graph (gradients flattened into buckets of at most
-``bucket_cap_mb``, one all-reduce per bucket); on eager tensors they run now, through the same functional
-collectives, so the same loop runs eagerly for comparison.
+tensors the all-reduces are recorded into the step's graph (one coalesced all-reduce per bucket of at most
+``bucket_cap_mb``); on eager tensors they run now, through the functional collectives, so the same loop runs
+eagerly for comparison.
 """
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any, Iterable, List, Optional
 
 import torch
 
-from .collectives import group_name
+from ..device.tensor import LazyTensor
+from .collectives import all_reduce_coalesced, group_name
 
 funcol = torch.ops._c10d_functional
 
@@ -58,8 +59,11 @@ def all_reduce_gradients(optimizer_or_model: Any, group: Optional[Any] = None, b
                                f"{list(g.shape)}; only dense gradients are supported")
     name = group_name(group)
     for bucket in _buckets(grads, int(bucket_cap_mb * 2 ** 20)):
-        flat = torch.cat([g.reshape(-1) for g in bucket])
-        avg = "avg" if flat.is_floating_point() or flat.is_complex() else "sum"
-        reduced = funcol.wait_tensor(funcol.all_reduce(flat, avg, name))
-        for g, piece in zip(bucket, reduced.split([g.numel() for g in bucket])):
-            g.copy_(piece.view_as(g))
+        avg = "avg" if bucket[0].is_floating_point() or bucket[0].is_complex() else "sum"
+        if isinstance(bucket[0], LazyTensor):  # one collective node per bucket (Note [Coalesced all-reduce])
+            reduced = all_reduce_coalesced(bucket, avg, name)
+        else:
+            flat = funcol.wait_tensor(funcol.all_reduce(torch.cat([g.reshape(-1) for g in bucket]), avg, name))
+            reduced = [piece.view_as(g) for g, piece in zip(bucket, flat.split([g.numel() for g in bucket]))]
+        for g, r in zip(bucket, reduced):
+            g.copy_(r)

@@ -58,8 +58,19 @@ def _allreduce(func: Any, args: tuple, kwargs: dict) -> Any:
     return (a["tensors"], _done(a["tensors"]))
 
 
+def _coalesced(xs: List[Any], reduce: str, group: str) -> List[Any]:
+    """All-reduces of ``xs``: one coalesced collective when they share a dtype (Note [Coalesced all-reduce])."""
+    xs = [C._check_lazy(x, "all_reduce_coalesced") for x in xs]
+    if len({x.dtype for x in xs}) == 1:
+        return C.all_reduce_coalesced(xs, reduce, group)
+    return [C.all_reduce(x, reduce, group) for x in xs]
+
+
 def _allreduce_coalesced(func: Any, args: tuple, kwargs: dict) -> Any:
-    return _allreduce(func, args, kwargs)[1]
+    a = _bind(func, args, kwargs)
+    for t, r in zip(a["tensors"], _coalesced(a["tensors"], _reduce_op(a), _group(a["process_group"]))):
+        C.write(t, r, "all_reduce_coalesced")
+    return _done(a["tensors"])
 
 
 def _broadcast(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -156,8 +167,7 @@ def _f_all_reduce_(func: Any, args: tuple, kwargs: dict) -> Any:
 
 def _f_all_reduce_coalesced(func: Any, args: tuple, kwargs: dict) -> Any:
     a = _bind(func, args, kwargs)
-    return [C.all_reduce(C._check_lazy(x, "all_reduce_coalesced"), C.reduce_name(a["reduce_op"]), a["group_name"])
-            for x in a["inputs"]]
+    return _coalesced(a["inputs"], C.reduce_name(a["reduce_op"]), a["group_name"])
 
 
 def _f_all_reduce_coalesced_(func: Any, args: tuple, kwargs: dict) -> Any:
