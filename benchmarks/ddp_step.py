@@ -110,8 +110,8 @@ def main() -> None:
         worker(args)
         return
     print(machine.describe())
-    print(f"TinyGPT d={args.d} layers={args.layers} block={args.block} vocab={args.vocab}, batch {args.batch} per rank, "
-          f"DDP + AdamW, gloo, 1 thread per process; median of {args.steps} steps after {args.warmup}")
+    print(f"TinyGPT d={args.d} layers={args.layers} block={args.block} vocab={args.vocab}, batch {args.batch} per "
+          f"rank, DDP + AdamW, gloo, 1 thread per process; median of {args.steps} steps after {args.warmup}")
     backends = ["eager", "lazy"] + ([] if args.no_compile else ["compile"])
     del args.no_compile
     results = {(b, w): launch(b, w, args) for w in (1, 2) for b in backends}

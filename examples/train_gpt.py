@@ -210,7 +210,7 @@ def main() -> None:
             total += F.cross_entropy(logits.view(-1, logits.shape[-1]), yb.view(-1))
             lazy.mark_step()
     val_loss = total.item() / batches
-    say(f"(loss: mean training loss since the previous line, in nats)")
+    say("(loss: mean training loss since the previous line, in nats)")
     say(f"done: trained in {train_time:.1f} s; held-out loss {val_loss:.3f} nats = {val_loss / math.log(2):.3f} "
         f"bits/char vs unigram entropy {entropy:.3f} nats = {entropy / math.log(2):.3f} bits/char")
 

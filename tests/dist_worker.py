@@ -27,6 +27,9 @@ STEPS = 4
 
 
 def init(backend: str = "lazy") -> None:
+    if lazy.config.backing_device.startswith("cuda"):  # one GPU per rank, as under torchrun
+        lazy.config.backing_device = f"cuda:{RANK}"
+        torch.cuda.set_device(RANK)
     dist.init_process_group(backend, init_method=os.environ["LAZY_DIST_INIT"], rank=RANK, world_size=WORLD,
                             timeout=timedelta(seconds=float(os.environ.get("LAZY_DIST_TIMEOUT", "20"))))
 
