@@ -3,6 +3,7 @@
     python benchmarks/ddp_step.py                 # ~3 min on 2 cores, most of it torch.compile compiling
     python benchmarks/ddp_step.py --no-compile    # eager and lazy only
     python benchmarks/ddp_step.py --d 128 --batch 32 --steps 30
+    python benchmarks/ddp_step.py --device cuda --d 256 --batch 64   # 2 GPUs: one per rank, NCCL
 
 The script starts the ranks itself, as torchrun would (one process per rank, 1 thread each, a ``file://``
 rendezvous, gloo on the cpu), once with 1 process and once with 2. Every rank trains the same GPT (tests/models.py's
@@ -12,6 +13,8 @@ the median over --steps steps after --warmup steps on rank 0. Samples/s = ranks 
 samples/s with 2 processes over samples/s with 1, per backend (2.0 would be perfect; on a 2-core machine both
 processes also share the cores with the backend's own work). torch.compile: ``torch.compile(DDP(model))`` (inductor,
 DDP's graph-break optimizer), the optimizer step eager; its first step (the compile) is not in the median.
+With --device cuda each rank uses its own GPU (cuda:RANK): eager and torch.compile over NCCL, lazy with that GPU as
+its backing device and the ``lazy`` backend (NCCL); each step then ends in a device synchronization too.
 """
 import argparse
 import json
@@ -41,9 +44,14 @@ def worker(args: argparse.Namespace) -> None:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     backend = args.worker
-    dist.init_process_group("lazy" if backend == "lazy" else "gloo", init_method=os.environ["DIST_INIT"],
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+        lazy.config.backing_device = f"cuda:{rank}"
+    eager_pg = "nccl" if cuda else "gloo"
+    dist.init_process_group("lazy" if backend == "lazy" else eager_pg, init_method=os.environ["DIST_INIT"],
                             rank=rank, world_size=world)
-    device = "lazy" if backend == "lazy" else "cpu"
+    device = "lazy" if backend == "lazy" else f"cuda:{rank}" if cuda else "cpu"
     torch.manual_seed(0)
     model = TinyGPT(vocab=args.vocab, d=args.d, heads=4, layers=args.layers, block=args.block).to(device)
     net = DDP(model)
@@ -65,6 +73,8 @@ def worker(args: argparse.Namespace) -> None:
         if backend == "lazy":
             lazy.mark_step()
             lazy.wait_device_ops()
+        elif cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     final = float(loss)
     steady = times[args.warmup:]
@@ -79,8 +89,8 @@ def worker(args: argparse.Namespace) -> None:
 def launch(backend: str, world: int, args: argparse.Namespace) -> dict:
     """Run ``world`` ranks of the worker for ``backend``; rank 0's result."""
     tmp = tempfile.mkdtemp(prefix="lazy-ddp-bench-")
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k in ("d", "layers", "block", "vocab",
-                                                                                       "batch", "steps", "warmup")]
+    flags = [f"--{k}={getattr(args, k)}" for k in ("d", "layers", "block", "vocab", "batch", "steps", "warmup",
+                                                      "device")]
     env = dict(os.environ, WORLD_SIZE=str(world), DIST_INIT=f"file://{tmp}/store", OMP_NUM_THREADS="1",
                PYTHONWARNINGS="ignore")
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", backend] + flags,
@@ -104,14 +114,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda: one GPU per rank, NCCL")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
+    if args.device == "cuda":
+        os.environ["LAZY_BACKING_DEVICE"] = "cuda"  # for the machine line's GPU (the workers pick cuda:RANK)
     print(machine.describe())
     print(f"TinyGPT d={args.d} layers={args.layers} block={args.block} vocab={args.vocab}, batch {args.batch} per "
-          f"rank, DDP + AdamW, gloo, 1 thread per process; median of {args.steps} steps after {args.warmup}")
+          f"rank, DDP + AdamW, {'NCCL' if args.device == 'cuda' else 'gloo'}, 1 thread per process; median of "
+          f"{args.steps} steps after {args.warmup}")
     backends = ["eager", "lazy"] + ([] if args.no_compile else ["compile"])
     del args.no_compile
     results = {(b, w): launch(b, w, args) for w in (1, 2) for b in backends}
