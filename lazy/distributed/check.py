@@ -23,10 +23,12 @@ from ..debug import metrics
 from ..device.backing import backing_device, eager_dispatch
 from . import collectives as C
 
-# graph key -> its collective sequence (empty for a graph without collectives); graphs without collectives are
-# forgotten beyond this many (forgetting one only costs a rescan: nothing is exchanged for it).
-_SEEN: Dict[bytes, Tuple[str, ...]] = {}
-_MAX_PLAIN = 4096
+# hash of a graph key -> the graph's collective sequence (empty for a graph without collectives). NOTE: the hash, not
+# the key (tens of KB for a training step): the graph cache has already computed it, and bytes keep their hash. Two
+# keys of one hash would only skip a check. Graphs without collectives are forgotten beyond _MAX_PLAIN (forgetting
+# one costs a rescan, never an exchange).
+_SEEN: Dict[int, Tuple[str, ...]] = {}
+_MAX_PLAIN = 65536
 
 
 class CollectiveMismatch(RuntimeError):
@@ -35,7 +37,8 @@ class CollectiveMismatch(RuntimeError):
 
 def before_run(lin: Any, hit: bool) -> None:
     """The sync layer's hook (lazy.sync.BEFORE_RUN): check a new graph's collectives against the other ranks'."""
-    seq = _SEEN.get(lin.key)
+    key = hash(lin.key)
+    seq = _SEEN.get(key)
     if seq is not None:
         return
     nodes = [n for n in lin.order if n.op in C.OPS]
@@ -52,7 +55,7 @@ def before_run(lin: Any, hit: bool) -> None:
         for group in groups:
             mine = tuple(d for n, d in zip(nodes, seq) if dict(n.kwargs)["group"] == group)
             _agree(group, mine)
-    _SEEN[lin.key] = seq
+    _SEEN[key] = seq
 
 
 def _agree(group: str, seq: Tuple[str, ...]) -> None:
