@@ -222,3 +222,19 @@ def test_two_ranks_gpt_and_reference_executor(tmp_path):
 def test_hung_rank_times_out(tmp_path):
     (code0, out0), _ = launch("hung", tmp_path, timeout_s=4)
     assert code0 == 0 and _passes(out0) == {"hung rank"}, out0
+
+
+@pytest.mark.slow
+@needs_ranks
+def test_train_gpt_example_under_torchrun():
+    """`torchrun --nproc_per_node=2 examples/train_gpt.py --ddp`: trains, and only rank 0 prints."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", LAZY_CACHE_DIR=lazy.config.cache_dir or "")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           os.path.join(HERE, "..", "examples", "train_gpt.py"), "--ddp", "--steps", "4", "--log-every", "2",
+           "--sample-chars", "3", "--layers", "1", "--block", "16", "--batch", "4"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert sum(line.startswith("model:") for line in lines) == 1 and "x 2 ranks" in proc.stdout
+    assert sum(line.startswith("step ") for line in lines) == 3  # steps 0, 2, 3: printed by rank 0 alone
+    assert sum(line.startswith("done:") for line in lines) == 1
