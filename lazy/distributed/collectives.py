@@ -177,7 +177,7 @@ def _token() -> Optional[Node]:
     return None if value.op is DATA or value is last._lz_st.failed else value
 
 
-def _check_lazy(x: Any, what: str) -> LazyTensor:
+def check_lazy(x: Any, what: str) -> LazyTensor:
     if not isinstance(x, LazyTensor):
         raise UnsupportedCollective(f"lazy.distributed: {what} mixes lazy and {getattr(x, 'device', type(x))} "
                                     "tensors; move every tensor of a collective to the lazy device")
@@ -185,7 +185,7 @@ def _check_lazy(x: Any, what: str) -> LazyTensor:
 
 
 def _emit(op: Op, x: LazyTensor, shape: Tuple[int, ...], kwargs: tuple, what: str) -> LazyTensor:
-    _check_lazy(x, what)
+    check_lazy(x, what)
     token = _token()
     ins = (record._value(x),) if token is None else (record._value(x), token)
     node = Node(op, (TENSOR,) * len(ins), kwargs, ins, (), shape, x.dtype)
@@ -220,7 +220,7 @@ def all_reduce_coalesced(xs: Sequence[LazyTensor], reduce: str, group: str) -> L
     if reduce == "avg" and not (xs[0].dtype.is_floating_point or xs[0].dtype.is_complex):
         raise UnsupportedCollective(f"lazy.distributed: all_reduce(avg) of {xs[0].dtype} tensors; use sum")
     token = _token()
-    ins = tuple(record._value(_check_lazy(x, "all_reduce_coalesced")) for x in xs) + (() if token is None else (token,))
+    ins = tuple(record._value(check_lazy(x, "all_reduce_coalesced")) for x in xs) + (() if token is None else (token,))
     metas = tuple((tuple(x.shape), x.dtype) for x in xs)
     node = Node(ALL_REDUCE_COALESCED, (TENSOR,) * len(ins), (("group", group), ("reduce", reduce), ("count", len(xs))),
                 ins, (), None, None, metas)
@@ -257,7 +257,7 @@ def reduce_scatter(x: LazyTensor, reduce: str, group: str) -> LazyTensor:
 def write(target: Any, result: LazyTensor, what: str) -> None:
     """``target`` (a lazy tensor, maybe a view) takes the elements of ``result`` (same numel), as a collective
     that writes its output tensor in place does."""
-    _check_lazy(target, what)
+    check_lazy(target, what)
     value = record._value(result)
     shape = tuple(target.shape)
     if result.numel() != target.numel():
@@ -269,10 +269,12 @@ def write(target: Any, result: LazyTensor, what: str) -> None:
 
 
 def pieces(flat: LazyTensor, shapes: Sequence[Tuple[int, ...]]) -> List[Node]:
-    """Consecutive pieces of the 1-d value ``flat``, one per shape (each a node of that shape)."""
+    """Consecutive pieces of the elements of ``flat`` (in row-major order), one per shape (a node of that shape)."""
     out: List[Node] = []
     at = 0
     value = record._value(flat)
+    if value.shape != (flat.numel(),):
+        value = Node(aten.view.default, (TENSOR, (flat.numel(),)), (), (value,), (), (flat.numel(),), value.dtype)
     for shape in shapes:
         n = 1
         for s in shape:
@@ -287,7 +289,7 @@ def concat(tensors: Sequence[LazyTensor]) -> LazyTensor:
     """The 1-d concatenation of ``tensors`` (same dtype), as a new lazy tensor."""
     values = []
     for t in tensors:
-        v = record._value(_check_lazy(t, "a coalesced collective"))
+        v = record._value(check_lazy(t, "a coalesced collective"))
         n = t.numel()
         values.append(Node(aten.view.default, (TENSOR, (n,)), (), (v,), (), (n,), v.dtype) if v.shape != (n,)
                       else v)

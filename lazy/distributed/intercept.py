@@ -54,13 +54,13 @@ def _allreduce(func: Any, args: tuple, kwargs: dict) -> Any:
     a = _bind(func, args, kwargs)
     group, reduce = _group(a["process_group"]), _reduce_op(a)
     for t in a["tensors"]:
-        C.write(t, C.all_reduce(C._check_lazy(t, "all_reduce"), reduce, group), "all_reduce")
+        C.write(t, C.all_reduce(C.check_lazy(t, "all_reduce"), reduce, group), "all_reduce")
     return (a["tensors"], _done(a["tensors"]))
 
 
 def _coalesced(xs: List[Any], reduce: str, group: str) -> List[Any]:
     """All-reduces of ``xs``: one coalesced collective when they share a dtype (Note [Coalesced all-reduce])."""
-    xs = [C._check_lazy(x, "all_reduce_coalesced") for x in xs]
+    xs = [C.check_lazy(x, "all_reduce_coalesced") for x in xs]
     if len({x.dtype for x in xs}) == 1:
         return C.all_reduce_coalesced(xs, reduce, group)
     return [C.all_reduce(x, reduce, group) for x in xs]
@@ -79,14 +79,14 @@ def _broadcast(func: Any, args: tuple, kwargs: dict) -> Any:
         raise C.UnsupportedCollective("lazy.distributed: broadcast of several tensors per rank is not supported")
     group = _group(a["process_group"])
     t = a["tensors"][0]
-    C.write(t, C.broadcast(C._check_lazy(t, "broadcast"), a["root_rank"], group), "broadcast")
+    C.write(t, C.broadcast(C.check_lazy(t, "broadcast"), a["root_rank"], group), "broadcast")
     return (a["tensors"], _done(a["tensors"]))
 
 
 def _allgather_base(func: Any, args: tuple, kwargs: dict) -> Any:
     a = _bind(func, args, kwargs)
     out, x = a["output_tensor"], a["input_tensor"]
-    C.write(out, C.all_gather(C._check_lazy(x, "all_gather_into_tensor"), _group(a["process_group"])),
+    C.write(out, C.all_gather(C.check_lazy(x, "all_gather_into_tensor"), _group(a["process_group"])),
             "all_gather_into_tensor")
     return (out, _done([out]))
 
@@ -95,7 +95,7 @@ def _allgather(func: Any, args: tuple, kwargs: dict) -> Any:
     a = _bind(func, args, kwargs)
     group = _group(a["process_group"])
     for outs, x in zip(a["output_tensors"], a["input_tensors"]):
-        gathered = C.all_gather(C._check_lazy(x, "all_gather"), group)
+        gathered = C.all_gather(C.check_lazy(x, "all_gather"), group)
         _scatter_pieces(gathered, outs, "all_gather")
     return (a["output_tensors"], _done(a["output_tensors"]))
 
@@ -104,14 +104,14 @@ def _allgather_coalesced(func: Any, args: tuple, kwargs: dict) -> Any:
     a = _bind(func, args, kwargs)
     group = _group(a["process_group"])
     for outs, x in zip(a["outputs"], a["inputs"]):
-        C.write(outs, C.all_gather(C._check_lazy(x, "all_gather_into_tensor"), group), "all_gather_into_tensor")
+        C.write(outs, C.all_gather(C.check_lazy(x, "all_gather_into_tensor"), group), "all_gather_into_tensor")
     return _done(a["outputs"])
 
 
 def _reduce_scatter_base(func: Any, args: tuple, kwargs: dict) -> Any:
     a = _bind(func, args, kwargs)
     out, x = a["output_tensor"], a["input_tensor"]
-    C.write(out, C.reduce_scatter(C._check_lazy(x, "reduce_scatter_tensor"), _reduce_op(a),
+    C.write(out, C.reduce_scatter(C.check_lazy(x, "reduce_scatter_tensor"), _reduce_op(a),
                                   _group(a["process_group"])), "reduce_scatter_tensor")
     return (out, _done([out]))
 
@@ -129,7 +129,7 @@ def _reduce_scatter_coalesced(func: Any, args: tuple, kwargs: dict) -> Any:
     a = _bind(func, args, kwargs)
     group, reduce = _group(a["process_group"]), _reduce_op(a)
     for out, x in zip(a["outputs"], a["inputs"]):
-        C.write(out, C.reduce_scatter(C._check_lazy(x, "reduce_scatter_tensor"), reduce, group),
+        C.write(out, C.reduce_scatter(C.check_lazy(x, "reduce_scatter_tensor"), reduce, group),
                 "reduce_scatter_tensor")
     return _done(a["outputs"])
 
@@ -140,8 +140,8 @@ def _scatter_pieces(gathered: Any, outs: List[Any], what: str) -> None:
     if sum(o.numel() for o in outs) != gathered.numel():
         raise C.UnsupportedCollective(f"lazy.distributed: {what} into outputs of shapes {shapes} from "
                                       f"{gathered.numel()} gathered elements")
-    for o, piece in zip(outs, C.pieces(C.concat([gathered]), shapes)):
-        record._write_back(C._check_lazy(o, what), piece)
+    for o, piece in zip(outs, C.pieces(gathered, shapes)):
+        record._write_back(C.check_lazy(o, what), piece)
 
 
 def _unsupported(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -156,7 +156,7 @@ def _unsupported(func: Any, args: tuple, kwargs: dict) -> Any:
 
 def _f_all_reduce(func: Any, args: tuple, kwargs: dict) -> Any:
     a = _bind(func, args, kwargs)
-    return C.all_reduce(C._check_lazy(a["input"], "all_reduce"), C.reduce_name(a["reduce_op"]), a["group_name"])
+    return C.all_reduce(C.check_lazy(a["input"], "all_reduce"), C.reduce_name(a["reduce_op"]), a["group_name"])
 
 
 def _f_all_reduce_(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -179,7 +179,7 @@ def _f_all_reduce_coalesced_(func: Any, args: tuple, kwargs: dict) -> Any:
 
 def _f_broadcast(func: Any, args: tuple, kwargs: dict) -> Any:
     a = _bind(func, args, kwargs)
-    return C.broadcast(C._check_lazy(a["input"], "broadcast"), a["src"], a["group_name"])
+    return C.broadcast(C.check_lazy(a["input"], "broadcast"), a["src"], a["group_name"])
 
 
 def _f_broadcast_(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -190,7 +190,7 @@ def _f_broadcast_(func: Any, args: tuple, kwargs: dict) -> Any:
 
 def _f_all_gather(func: Any, args: tuple, kwargs: dict) -> Any:
     a = _bind(func, args, kwargs)
-    out = C.all_gather(C._check_lazy(a["input"], "all_gather_into_tensor"), a["group_name"])
+    out = C.all_gather(C.check_lazy(a["input"], "all_gather_into_tensor"), a["group_name"])
     if "out" in a:
         C.write(a["out"], out, "all_gather_into_tensor_out")
         return a["out"]
@@ -199,12 +199,12 @@ def _f_all_gather(func: Any, args: tuple, kwargs: dict) -> Any:
 
 def _f_all_gather_coalesced(func: Any, args: tuple, kwargs: dict) -> Any:
     a = _bind(func, args, kwargs)
-    return [C.all_gather(C._check_lazy(x, "all_gather_into_tensor"), a["group_name"]) for x in a["inputs"]]
+    return [C.all_gather(C.check_lazy(x, "all_gather_into_tensor"), a["group_name"]) for x in a["inputs"]]
 
 
 def _f_reduce_scatter(func: Any, args: tuple, kwargs: dict) -> Any:
     a = _bind(func, args, kwargs)
-    out = C.reduce_scatter(C._check_lazy(a["input"], "reduce_scatter_tensor"), C.reduce_name(a["reduce_op"]),
+    out = C.reduce_scatter(C.check_lazy(a["input"], "reduce_scatter_tensor"), C.reduce_name(a["reduce_op"]),
                            a["group_name"])
     if "out" in a:
         C.write(a["out"], out, "reduce_scatter_tensor_out")
@@ -214,7 +214,7 @@ def _f_reduce_scatter(func: Any, args: tuple, kwargs: dict) -> Any:
 
 def _f_reduce_scatter_coalesced(func: Any, args: tuple, kwargs: dict) -> Any:
     a = _bind(func, args, kwargs)
-    return [C.reduce_scatter(C._check_lazy(x, "reduce_scatter_tensor"), C.reduce_name(a["reduce_op"]),
+    return [C.reduce_scatter(C.check_lazy(x, "reduce_scatter_tensor"), C.reduce_name(a["reduce_op"]),
                              a["group_name"]) for x in a["inputs"]]
 
 
