@@ -7,7 +7,7 @@ with the user's source line (``lazy.explain()`` lists them).
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Sequence
+from typing import Any, Callable, Iterable, List, Sequence
 
 import torch
 
@@ -34,6 +34,12 @@ class ImplicitSyncError(RuntimeError):
     """Raised in strict mode (lazy.config.strict) by any sync other than mark_step."""
 
 
+# Functions called with (linearized graph, cache hit) after a graph is looked up and before it runs, installed by
+# the layers above (Note [Layers] in lazy/device/tensor.py): lazy.distributed checks there that every rank runs
+# the same collectives (Note [Collective sequences agree] in lazy/distributed/check.py).
+BEFORE_RUN: List[Callable[[Any, bool], None]] = []
+
+
 def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -> List[torch.Tensor]:
     """Compute ``roots`` and the values of ``storages`` in one graph; every live storage whose value the graph
     computes gets it as data. Returns the data of ``roots``."""
@@ -57,6 +63,13 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
         lin.add_outputs([lin.positions[id(st.value)] for st in computed])
     device = backing_device()
     program, hit = graph_cache.lookup(lin, device)
+    try:
+        for hook in BEFORE_RUN:
+            hook(lin, hit)
+    except Exception:
+        for st in pending:
+            st.failed = st.value
+        raise
     # Note [Asynchronous execution] (sync/launch.py): a sync that returns no data launches and returns
     strides = launch.layout_known(program) if not roots and config.async_execution else None
     if strides is not None and record.CAPTURE is None:
