@@ -244,7 +244,7 @@ def _vectorized_lane_loops(source, tmp_path):
     from lazy.runtime import cpp as runtime
     path = tmp_path / "graph.cpp"
     path.write_text(source)
-    flags = [f for f in runtime.FLAGS if f != "-shared"]
+    flags = [f for f in runtime.flags() if f != "-shared"]
     out = subprocess.run(["g++", *flags, "-c", "-fopt-info-vec-optimized", "-o", str(tmp_path / "graph.o"), str(path)],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
