@@ -290,7 +290,7 @@ def test_float_arithmetic_is_not_contracted_into_fma():
     assert torch.equal(got, want), (got - want).abs().max()
 
 
-@pytest.mark.parametrize("shape", [(4, 1030), (40003,), (3, 256)])
+@pytest.mark.parametrize("shape", [(4, 1030), (40003,), (3, 256), (16, 16), (2, 8, 12)])
 def test_deep_chains_run_interleaved_copies_with_the_same_results(shape):
     """Note [Interleaved copies]: the innermost loop of a long chain computes INTERLEAVE copies per iteration (with a
     remainder loop where the extent is not a multiple; as the OpenMP loop of a 1-D kernel too), bit-identical to

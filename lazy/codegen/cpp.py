@@ -567,8 +567,11 @@ def _render_stores(k: Kernel, scope: _Scope, tile: Optional[_Blocks], arrays: Di
 # math: each copy's call is independent of the other's). Every copy is its own contiguous vectorized stream, so this
 # does not depend on the vector width. Each element is computed by the same expression as before: results are
 # bit-identical. Measured on the 200-op chain at 1024^2, 1 thread (benchmarks/pointwise_chain.py): see the README
-# of benchmarks. Not for kernels with stages (their inner loops read stage values) or tiles, nor for short loops
-# (INTERLEAVE_MIN_EXTENT: each copy needs a few vectors) or short chains (memory-bound: nothing to hide).
+# of benchmarks. A short innermost loop (below INTERLEAVE_MIN_EXTENT: each copy needs a few vectors) is not split:
+# an enclosing inner loop that K divides is instead (copies at rows i, i + H, ... of a 16 x 16 chain), inside which
+# the innermost loop runs whole for each copy. Not for kernels with stages (their inner loops read stage values) or
+# tiles, nor for short chains (below LATENCY_MIN: memory-bound, nothing to hide; measured: gelu alone, ~30, ran
+# 5-8 % slower interleaved, exp(sin(x)), 49, 5-35 % faster).
 INTERLEAVE = 4
 LATENCY_MIN = 48
 INTERLEAVE_MIN_EXTENT = 256
@@ -586,35 +589,29 @@ def _latency(roots: List[Expr]) -> int:
     return max((depth[r] for r in roots), default=0)
 
 
-def _interleave(k: Kernel) -> int:
-    """Copies per iteration of ``k``'s innermost loop (Note [Interleaved copies]); 1: the plain loop."""
-    if k.stages or k.tile is not None or not k.inner or k.inner[-1].args[1] < INTERLEAVE_MIN_EXTENT:
-        return 1
-    return INTERLEAVE if _latency([e for _, _, e in k.stores]) >= LATENCY_MIN else 1
+def _interleave(k: Kernel) -> Optional[Expr]:
+    """The loop of ``k`` whose iterations run as INTERLEAVE interleaved copies (Note [Interleaved copies]), or None:
+    the innermost loop if long enough, else an enclosing inner loop whose extent INTERLEAVE divides (a 16 x 16 chain
+    interleaves 4 rows)."""
+    if k.stages or k.tile is not None or not k.inner or _latency([e for _, _, e in k.stores]) < LATENCY_MIN:
+        return None
+    if k.inner[-1].args[1] >= INTERLEAVE_MIN_EXTENT:
+        return k.inner[-1]
+    return next((v for v in k.inner[:-1] if v.args[1] % INTERLEAVE == 0), None)
 
 
-def _render_interleaved(k: Kernel, scope: _Scope, v: Expr, copies: int, parallel: bool) -> None:
-    """The innermost loop ``v`` of ``k`` with its stores, ``copies`` interleaved copies per iteration, then the
-    remainder (Note [Interleaved copies]); ``parallel``: the loop is the OpenMP loop (its pragma is emitted)."""
-    lines, indent, name, extent = scope.lines, scope.indent, scope.var_names[v], v.args[1]
-    step = extent // copies
-    if not parallel:
-        lines.append(f"{indent}#pragma GCC ivdep")
-    lines.append(_loop(name, step, indent))
-    inner = indent + "  "
-    lines.append(inner + " ".join(f"const int64_t {name}_{c} = {name} + {c * step};" for c in range(copies)))
+def _render_copies(k: Kernel, scope: _Scope, v: Expr, step: int) -> None:
+    """``k``'s stores at ``scope``'s indent, INTERLEAVE copies at ``v`` + c ``step``, statements interleaved."""
+    name = scope.var_names[v]
+    scope.lines.append(scope.indent + " ".join(f"const int64_t {name}_{c} = {name} + {c * step};"
+                                               for c in range(INTERLEAVE)))
     bodies = []
-    for c in range(copies):
-        body = _Scope(scope.names, [], inner, scope.counter, {**scope.var_names, v: f"{name}_{c}"})
+    for c in range(INTERLEAVE):
+        body = _Scope(scope.names, [], scope.indent, scope.counter, {**scope.var_names, v: f"{name}_{c}"})
         _render_stores(k, body, None, {})
         bodies.append(body.lines)
     assert len({len(b) for b in bodies}) == 1, "interleaved copies must render alike"
-    lines.extend(line for group in zip(*bodies) for line in group)
-    lines.append(indent + "}")
-    if extent % copies:
-        lines.append(f"{indent}for (int64_t {name} = {copies * step}; {name} < {extent}; ++{name}) {{")
-        _render_stores(k, scope.child(inner), None, {})
-        lines.append(indent + "}")
+    scope.lines.extend(line for group in zip(*bodies) for line in group)
 
 
 def render_kernel(k: Kernel) -> str:
@@ -648,21 +645,27 @@ def render_kernel(k: Kernel) -> str:
     arrays: Dict[Expr, str] = {}
     for n, s in enumerate(k.stages):
         _render_stage(n, s, scope, tile, arrays)
-    copies = _interleave(k)
+    split = _interleave(k)  # Note [Interleaved copies]
+    step = split.args[1] // INTERLEAVE if split is not None else 0
     for i, v in enumerate(k.inner):
-        parallel = i == 0 and not k.outer and k.parallel
-        if parallel:
+        last = i == len(k.inner) - 1
+        if i == 0 and not k.outer and k.parallel:
             lines.append(f"{indent}#pragma omp parallel for schedule(static)")
-        if i == len(k.inner) - 1 and copies > 1:
-            _render_interleaved(k, scope.child(indent), v, copies, parallel)
-            break
-        if i == len(k.inner) - 1 and tile is None and not parallel:
+        elif last and tile is None:
             lines.append(f"{indent}#pragma GCC ivdep")
-        lines.append(_loop(var_names[v], v.args[1], indent))
+        lines.append(_loop(var_names[v], step if v is split else v.args[1], indent))
         indent += "  "
         depth += 1
-    else:
+    if split is None:
         _render_stores(k, scope.child(indent), tile, arrays)
+    else:
+        _render_copies(k, scope.child(indent), split, step)
+        rest = split.args[1] % INTERLEAVE
+        if rest:  # the innermost loop's last indices, one copy each
+            name, outer = var_names[split], indent[:-2]
+            lines.append(outer + "}")
+            lines.append(f"{outer}for (int64_t {name} = {split.args[1] - rest}; {name} < {split.args[1]}; ++{name}) {{")
+            _render_stores(k, scope.child(indent), None, {})
     for _ in range(depth):
         indent = indent[:-2]
         lines.append(indent + "}")
