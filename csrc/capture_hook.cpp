@@ -24,10 +24,11 @@
 //   raise and an unwind to sys.monitoring and trace functions for a call that never ran.)
 // Frames are evaluated normally, never intercepted, when: a trace or profile function is running (tstate->tracing),
 // the frame belongs to a generator (lazy.compile refuses generator functions; their code is never registered), an
-// exception is thrown into it, or it is the frame ``capture_call_plain`` made (a thread-local pointer: the plain run
-// of a verification, Note [Verified replays], must not be replayed again). Everything runs under the GIL; the only
-// state not guarded by it is that thread-local pointer. The handler may call other registered functions, or this
-// one recursively: each frame is decided on its own.
+// exception is thrown into it, or it is a frame of the function ``capture_call_plain`` is running (a thread-local
+// pointer, for the dynamic extent of that call: the plain run of a verification, Note [Verified replays], is the
+// function as it runs uncompiled, its recursive calls included). Everything runs under the GIL; the only state not
+// guarded by it is that thread-local pointer. A handler may call other registered functions, or its own recursively:
+// each frame is decided on its own.
 #include "capture_hook.h"
 
 #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000
@@ -59,7 +60,7 @@ Py_ssize_t g_count = 0;           // registered functions
 
 Py_ssize_t g_index = -1;  // lazy's code-extra index (the value there: a dict {function: handler})
 _PyFrameEvalFunction g_previous = nullptr;  // the evaluation function the hook was installed over
-thread_local PyObject* t_skip = nullptr;    // the function whose next frame capture_call_plain makes
+thread_local PyObject* t_skip = nullptr;    // the function capture_call_plain is running plainly
 
 void free_extra(void* extra) { Py_XDECREF(static_cast<PyObject*>(extra)); }
 
@@ -112,10 +113,7 @@ PyObject* registered_frame(PyThreadState* ts, _PyInterpreterFrame* frame, int th
     return eval_default(ts, frame, throw_flag);
   }
   PyObject* function = frame_function(frame);
-  if (function == t_skip) {
-    t_skip = nullptr;
-    return eval_default(ts, frame, throw_flag);
-  }
+  if (function == t_skip) return eval_default(ts, frame, throw_flag);
   PyObject* handler = PyDict_GetItemWithError(static_cast<PyObject*>(extra), function);
   if (handler == nullptr) {
     if (PyErr_Occurred()) PyErr_Clear();  // a function's hash cannot fail; run it plainly regardless
@@ -293,7 +291,7 @@ PyObject* capture_call_plain(PyObject*, PyObject* const* args, Py_ssize_t nargs)
   PyObject* function = args[0];
   if (PyMethod_Check(function)) function = PyMethod_GET_FUNCTION(function);
   PyObject* saved = t_skip;
-  t_skip = function;  // consumed by the call's frame; restored below if the call failed before making one
+  t_skip = function;
   PyObject* result = PyObject_Call(args[0], args[1], args[2]);
   t_skip = saved;
   return result;

@@ -270,6 +270,8 @@ class CompiledFunction:
         return pos, kw
 
     def _compile(self, plan: Any) -> Any:
+        if plan.lin is None:  # no graph: the function computes nothing on lazy tensors (it returns an input)
+            return None
         device = backing_device()
         backend = graph_cache.backend_for(device)
         start = time.perf_counter()
