@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 
 #include "alias.h"
+#include "capture_guards.h"
 #include "capture_hook.h"
 #include "graph.h"
 #include "ir.h"
@@ -58,6 +59,8 @@ PyMethodDef methods[] = {
     {"live_storages", live_storages, METH_NOARGS, "Every live Storage, oldest first."},
     {"next_node_serial", next_node_serial, METH_NOARGS, "The serial the next Node will get."},
     {"signatures", signatures, METH_NOARGS, "The table of interned node signatures."},
+    {"guard_program", FASTCALL(lazy::guard_program), METH_FASTCALL,
+     "guard_program(instructions, nregs, lazy_type): an entry's guards as a C program (csrc/capture_guards.cpp)."},
     {"capture_hook_supported", lazy::capture_hook_supported, METH_NOARGS,
      "Whether this CPython has lazy.compile's frame hook (3.11, 3.12)."},
     {"capture_hook_installed", lazy::capture_hook_installed, METH_NOARGS, "Whether the frame hook is installed now."},
@@ -77,7 +80,7 @@ PyMethodDef methods[] = {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "lazy's C parts: the recording hot path and the IR objects it creates";
-  if (!lazy::init_ir_types()) throw py::error_already_set();
+  if (!lazy::init_ir_types() || !lazy::init_guard_types()) throw py::error_already_set();
   m.add_object("Node", py::handle(reinterpret_cast<PyObject*>(&lazy::NodeType)));
   m.add_object("Storage", py::handle(reinterpret_cast<PyObject*>(&lazy::StorageType)));
   if (PyModule_AddFunctions(m.ptr(), methods) != 0) throw py::error_already_set();

@@ -20,6 +20,7 @@ from ..ir.node import data_leaf
 from . import expr as X
 from .expr import E, Renderer, compile_function
 from .finalize import Plan
+from .guards import compile_guards
 from .interpreter import Box
 from .policy import New, is_lazy, tensor_signature
 from .session import Session
@@ -105,21 +106,16 @@ class Entry:
                            and op.fn.args[1][0].op == "obj" and isinstance(op.fn.args[1][0].args[0], torch.Generator)]
         self.num_guards = len(s.guards) + 1
         self.num_nodes = len(plan.lin.order) if plan.lin is not None else 0
-        self.check = self._render_check(s, plan)
+        self.python_check = self._render_check(s, plan)
+        self.check = self._compile_check(s)  # Note [Guard programs] in csrc/capture_guards.cpp
         self.run = self._render_run(s, plan, breaks)
 
     # ---- guards ----
 
     def _render_check(self, s: Session, plan: Plan) -> Callable[[tuple], bool]:
         r = Renderer()
-        r.share([e for kind, e in s.guards])
+        fn = _python_check(r, list(s.guards.items()), self.state)
         terms = [f"_global_state() == {r.const(self.state)}"]
-        for (kind, e), expected in s.guards.items():
-            terms.append(_guard(r, kind, e, expected))
-        body = ["try:"] + ["    " + line for line in r.preamble] + [
-            "    return (" + "\n            and ".join(terms) + ")", "except Exception:", "    return False"]
-        fn = compile_function("check", "A", body, r.consts)
-        fn.__globals__.update(_GUARD_HELPERS)
         self.check_source = fn.__lazy_source__
         self.guards = [("global state", "_global_state()", self.state)] + [
             (kind, repr(e), expected) for (kind, e), expected in s.guards.items()]
@@ -129,6 +125,17 @@ class Entry:
         self._terms = [terms[0]] + [_guard(plain, kind, e, expected) for (kind, e), expected in s.guards.items()]
         self._consts = r.consts
         return fn
+
+    def _compile_check(self, s: Session) -> Callable[[tuple], bool]:
+        """The guard program, then the Python check of the guards it cannot express (if any)."""
+        guards = [(kind, e, expected) for (kind, e), expected in s.guards.items()]
+        program, residual = compile_guards(self.state, guards, global_state, _keys_same, tensor_signature)
+        self.guard_program = program
+        self.residual_guards = residual
+        if not residual:
+            return program
+        rest = _python_check(Renderer(), [((kind, e), expected) for kind, e, expected in residual], None)
+        return lambda A: program(A) and rest(A)
 
     def failures(self, A: tuple) -> List[str]:
         """The guards ``A`` fails, each as "kind expression: expected ..., now ..." (for recompile reasons)."""
@@ -233,6 +240,19 @@ def _run_expressions(s: Session, plan: Plan) -> list:
 
 _GUARD_HELPERS = dict(_global_state=global_state, _keys_same=_keys_same, _tensor_sig=tensor_signature,
                       _alias_pattern=_alias_pattern)
+
+
+def _python_check(r: Renderer, guards: list, state: Any) -> Callable[[tuple], bool]:
+    """``check(A)``: the guards (and ``global_state() == state`` unless ``state`` is None) as one expression."""
+    r.share([e for (kind, e), _ in guards])
+    terms = [f"_global_state() == {r.const(state)}"] if state is not None else []
+    for (kind, e), expected in guards:
+        terms.append(_guard(r, kind, e, expected))
+    body = ["try:"] + ["    " + line for line in r.preamble] + [
+        "    return (" + "\n            and ".join(terms or ["True"]) + ")", "except Exception:", "    return False"]
+    fn = compile_function("check", "A", body, r.consts)
+    fn.__globals__.update(_GUARD_HELPERS)
+    return fn
 
 
 def _describe_now(text: str, A: tuple, consts: list) -> str:
