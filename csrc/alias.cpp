@@ -64,6 +64,12 @@ int share_storage(PyObject* view, PyObject* base) {
   return 0;
 }
 
+int tensor_requires_grad(PyObject* tensor) {
+  c10::TensorImpl* impl = impl_of(tensor);
+  if (impl == nullptr) return -1;
+  return impl->requires_grad() ? 1 : 0;
+}
+
 PyObject* share_storage_py(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 2) {
     PyErr_SetString(PyExc_TypeError, "share_storage(view, base)");

@@ -15,6 +15,9 @@
 // (Entry.failures), which reports each guard on its own.
 #include "capture_guards.h"
 
+#include "alias.h"
+#include "ir.h"
+
 #include <cstddef>
 #include <vector>
 
@@ -62,7 +65,6 @@ struct GuardProgram {
 PyObject* s_lz_desc = nullptr;
 PyObject* s_lz_chain = nullptr;
 PyObject* s_lz_st = nullptr;
-PyObject* s_requires_grad = nullptr;
 PyObject* s_numel = nullptr;
 
 // 1 if equal, 0 if not, -1 on an error (Python's ``==`` then ``bool``, no identity shortcut: nan != nan).
@@ -99,7 +101,9 @@ int attr_equal(PyObject* x, PyObject* name, PyObject* expected) {
 int lazy_tensor_matches(PyObject* t, PyObject* expected, PyTypeObject* lazy_type) {
   if (!PyObject_TypeCheck(t, lazy_type) || !PyTuple_CheckExact(expected) || PyTuple_GET_SIZE(expected) != 5) return 0;
   if (attr_equal(t, s_lz_desc, PyTuple_GET_ITEM(expected, 1)) != 1) return 0;
-  if (attr_equal(t, s_requires_grad, PyTuple_GET_ITEM(expected, 2)) != 1) return 0;
+  int requires_grad = tensor_requires_grad(t);
+  if (requires_grad < 0) return -1;
+  if ((requires_grad ? Py_True : Py_False) != PyTuple_GET_ITEM(expected, 2)) return 0;
   PyObject* chain = PyObject_GetAttr(t, s_lz_chain);
   if (chain == nullptr) return -1;
   bool chained = chain != Py_None;
@@ -107,7 +111,14 @@ int lazy_tensor_matches(PyObject* t, PyObject* expected, PyTypeObject* lazy_type
   if (chained != (PyTuple_GET_ITEM(expected, 3) == Py_True)) return 0;
   PyObject* st = PyObject_GetAttr(t, s_lz_st);
   if (st == nullptr) return -1;
-  int r = attr_equal(st, s_numel, PyTuple_GET_ITEM(expected, 4));
+  int r;
+  if (Py_TYPE(st) == &StorageType) {  // the C Storage (csrc/ir.cpp): its numel is a field
+    PyObject* expected_numel = PyTuple_GET_ITEM(expected, 4);
+    long long numel = PyLong_Check(expected_numel) ? PyLong_AsLongLong(expected_numel) : -1;
+    r = numel == reinterpret_cast<StorageObject*>(st)->numel && !PyErr_Occurred();
+  } else {
+    r = attr_equal(st, s_numel, PyTuple_GET_ITEM(expected, 4));
+  }
   Py_DECREF(st);
   return r;
 }
@@ -249,9 +260,8 @@ bool init_guard_types() {
   s_lz_desc = PyUnicode_InternFromString("_lz_desc");
   s_lz_chain = PyUnicode_InternFromString("_lz_chain");
   s_lz_st = PyUnicode_InternFromString("_lz_st");
-  s_requires_grad = PyUnicode_InternFromString("requires_grad");
   s_numel = PyUnicode_InternFromString("numel");
-  return PyType_Ready(&GuardProgramType) == 0 && s_lz_desc && s_lz_chain && s_lz_st && s_requires_grad && s_numel;
+  return PyType_Ready(&GuardProgramType) == 0 && s_lz_desc && s_lz_chain && s_lz_st && s_numel;
 }
 
 PyObject* guard_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from ..config import config
 from ..device.backing import backing_device
 from ..device.tensor import new_tensor
 from ..ir.node import data_leaf
@@ -37,7 +38,6 @@ class Miss(Exception):
 def global_state() -> tuple:
     """The global state a recording depends on: grad mode, inference mode, autocast, the default dtype, and the
     backing device of lazy."""
-    from ..config import config
     return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.is_autocast_enabled("cpu"),
             torch.get_autocast_dtype("cpu"), torch.get_default_dtype(), config.backing_device)
 
