@@ -3,6 +3,9 @@ intercepted from anywhere, and everything else runs as plain Python does.
 
 Every replay is verified against a plain run (LAZY_CAPTURE_VERIFY) and compared with eager; counters prove what ran.
 """
+import os
+import shutil
+import subprocess
 import sys
 import threading
 import traceback
@@ -272,3 +275,123 @@ def test_the_hook_leaves_frames_it_returns_from_released():
     for _ in range(20):
         f(x)
     assert (sys.getrefcount(_double_sum.__code__), sys.getrefcount(x)) == refs
+
+
+_HARNESS = r"""
+#include "capture_hook.h"
+#define FASTCALL(fn) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fn))
+static PyMethodDef methods[] = {
+    {"supported", lazy::capture_hook_supported, METH_NOARGS, ""},
+    {"installed", lazy::capture_hook_installed, METH_NOARGS, ""},
+    {"configure", lazy::capture_configure, METH_O, ""},
+    {"register", FASTCALL(lazy::capture_register), METH_FASTCALL, ""},
+    {"unregister", lazy::capture_unregister, METH_O, ""},
+    {"call_plain", FASTCALL(lazy::capture_call_plain), METH_FASTCALL, ""},
+    {nullptr, nullptr, 0, nullptr}};
+static PyModuleDef module = {PyModuleDef_HEAD_INIT, "hook", nullptr, -1, methods};
+PyMODINIT_FUNC PyInit_hook(void) { return PyModule_Create(&module); }
+"""
+
+_HOOK_CASES = r"""
+import gc, sys, threading
+import hook as C
+assert C.supported() and not C.installed()
+RUN_PLAIN = object()
+C.configure(RUN_PLAIN)
+
+class Counted:
+    alive = 0
+    def __init__(self): Counted.alive += 1
+    def __del__(self): Counted.alive -= 1
+
+def f(a, b=2, *rest, c, **kw):
+    return ("plain", a, b, rest, c, kw)
+
+C.register(f, lambda bound: RUN_PLAIN if bound[0] == 0 else ("hooked", len(bound)))
+assert C.installed()
+assert f(1, c=3) == ("hooked", 5)
+assert f(0, 5, 6, c=7, z=1) == ("plain", 0, 5, (6,), 7, {"z": 1})
+code_refs, fn_refs = sys.getrefcount(f.__code__), sys.getrefcount(f)
+for _ in range(1000):
+    f(Counted(), c=Counted())
+gc.collect()
+assert Counted.alive == 0 and (sys.getrefcount(f.__code__), sys.getrefcount(f)) == (code_refs, fn_refs)
+
+source = "def big(x):\n" + "".join(f"    v{i} = x\n" for i in range(3000)) + "    return 'plain'\n"
+scope = {}
+exec(source, scope)
+big = scope["big"]  # a frame larger than a data-stack chunk: always the first frame of a new chunk
+C.register(big, lambda bound: ("hooked", bound[0]) if bound[0] else RUN_PLAIN)
+assert all(big(i) == ("hooked", i) for i in range(1, 5000)) and big(0) == "plain"
+
+def g(x):
+    return "plain"
+def raising(bound):
+    raise ValueError("from the handler")
+C.register(g, raising)
+try:
+    g(1)
+    raise AssertionError("no exception")
+except ValueError as e:
+    assert str(e) == "from the handler"
+
+def r(n):
+    return n
+C.register(r, lambda bound: 0 if bound[0] == 0 else 1 + r(bound[0] - 1))
+assert r(50) == 50
+
+def make(k):
+    def scaled(x):
+        return ("plain", k * x)
+    return scaled
+a, b = make(2), make(3)
+C.register(a, lambda bound: ("a", bound))
+assert a(5) == ("a", (5,)) and b(5) == ("plain", 15)
+
+def gen(x):
+    yield f(1, c=x)
+    yield x
+assert list(gen(3)) == [("hooked", 5), 3]
+assert C.call_plain(f, (1,), {"c": 2}) == ("plain", 1, 2, (), 2, {})
+
+results = []
+def work():
+    for i in range(2000):
+        results.append(f(1, c=i)[0])
+threads = [threading.Thread(target=work) for _ in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+assert results == ["hooked"] * 8000
+for fn in (f, big, g, r, a):
+    assert C.unregister(fn)
+assert not C.installed() and f(1, c=3) == ("plain", 1, 2, (), 3, {})
+print("HOOK OK", sys.version_info[:2])
+"""
+
+
+def _other_pythons():
+    from test_capture_interpreter import _other_pythons as find
+    return find()
+
+
+@pytest.mark.parametrize("python", _other_pythons() or [pytest.param(None, marks=pytest.mark.skip(
+    reason="no other CPython 3.11/3.12 on this machine"))])
+def test_the_hook_under_another_cpython(python, tmp_path):
+    """3.11 and 3.12 dispose of a frame that is not run differently (Note [The frame hook]): the hook, built alone
+    for another CPython found on the machine, intercepts, releases and unwinds there too."""
+    compiler = shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no g++")
+    csrc = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
+    info = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['include']); "
+                           "print(sysconfig.get_config_var('EXT_SUFFIX'))"], capture_output=True, text=True)
+    include, suffix = info.stdout.split()
+    (tmp_path / "harness.cpp").write_text(_HARNESS)
+    build = subprocess.run([compiler, "-std=c++20", "-O2", "-shared", "-fPIC", f"-I{include}", f"-I{csrc}",
+                            str(tmp_path / "harness.cpp"), os.path.join(csrc, "capture_hook.cpp"),
+                            "-o", str(tmp_path / f"hook{suffix}")], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    out = subprocess.run([python, "-c", _HOOK_CASES], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "HOOK OK" in out.stdout, out.stderr[-3000:]
