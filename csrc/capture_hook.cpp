@@ -123,7 +123,12 @@ PyObject* registered_frame(PyThreadState* ts, _PyInterpreterFrame* frame, int th
   Py_ssize_t nargs = code->co_argcount + code->co_kwonlyargcount + ((flags & CO_VARARGS) ? 1 : 0) +
                      ((flags & CO_VARKEYWORDS) ? 1 : 0);
   PyObject* bound = PyTuple_New(nargs);
-  if (bound == nullptr) return eval_default(ts, frame, throw_flag);  // (PyTuple_New failed: its error propagates)
+  if (bound == nullptr) {  // out of memory: the call fails, as the frame would not have run either
+#if PY_VERSION_HEX >= 0x030C0000
+    drop_frame(ts, frame);
+#endif
+    return nullptr;
+  }
   for (Py_ssize_t i = 0; i < nargs; ++i) {
     PyObject* value = frame->localsplus[i];
     if (value == nullptr) {  // not an initialized call frame: never intercept what is not understood

@@ -265,6 +265,21 @@ def test_code_executed_as_in_a_repl():
     assert counter("capture.replays") == 1
 
 
+def test_torch_compile_beside_the_hook():
+    """torch._dynamo installs its own frame evaluation function around a compiled call and puts back the one it found:
+    lazy's hook keeps intercepting before, after and between."""
+    f = lazy.compile(_double_sum)
+    x = torch.randn(3)
+    f(x.to(L))
+    tc = torch.compile(lambda y: f(y) + 1, backend="eager")  # f on cpu tensors, traced by Dynamo
+    torch.testing.assert_close(tc(x), (x * 2).sum() + 1)
+    assert _C.capture_hook_installed()
+    torch.testing.assert_close(f(x.to(L)).cpu(), (x * 2).sum())
+    torch.testing.assert_close(tc(x), (x * 2).sum() + 1)
+    torch.testing.assert_close(f(x.to(L)).cpu(), (x * 2).sum())
+    assert counter("capture.replays") == 2
+
+
 def test_the_hook_leaves_frames_it_returns_from_released():
     """A replayed call's frame is never run: its arguments and its code are released all the same."""
     f = lazy.compile(_double_sum)
