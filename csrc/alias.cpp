@@ -6,6 +6,8 @@
 // storage identity in step with it.
 #include "alias.h"
 
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/TensorImpl.h>
 
 #include <exception>
@@ -63,6 +65,10 @@ int share_storage(PyObject* view, PyObject* base) {
   }
   return 0;
 }
+
+bool grad_mode_enabled() { return c10::GradMode::is_enabled(); }
+
+bool inference_mode_enabled() { return c10::InferenceMode::is_enabled(); }
 
 int tensor_requires_grad(PyObject* tensor) {
   c10::TensorImpl* impl = impl_of(tensor);

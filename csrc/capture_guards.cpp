@@ -42,6 +42,7 @@ enum Op : int {
   kCallEq,      // a(r[src]) == b; a() == b when src < 0
   kCallTrue,    // a(r[src], b) is True
   kLazyTensor,  // r[src] is a lazy tensor whose signature (policy.tensor_signature) equals b
+  kState,       // replay.global_state() == b: grad and inference mode from c10, b[2:] == tuple(f() for f in a)
   kNumOps,
 };
 
@@ -188,6 +189,22 @@ int step(const Ins& ins, PyObject** r, PyObject* A, PyTypeObject* lazy_type) {
     }
     case kLazyTensor:
       return lazy_tensor_matches(x, ins.b, lazy_type);
+    case kState: {
+      Py_ssize_t n = PyTuple_GET_SIZE(ins.a);
+      if ((grad_mode_enabled() ? Py_True : Py_False) != PyTuple_GET_ITEM(ins.b, 0) ||
+          (inference_mode_enabled() ? Py_True : Py_False) != PyTuple_GET_ITEM(ins.b, 1)) {
+        return 0;
+      }
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* v = PyObject_CallNoArgs(PyTuple_GET_ITEM(ins.a, i));
+        if (v == nullptr) return -1;
+        PyObject* want = PyTuple_GET_ITEM(ins.b, i + 2);
+        int eq = v == want ? 1 : equal(v, want);
+        Py_DECREF(v);
+        if (eq != 1) return eq;
+      }
+      return 1;
+    }
     default:
       return 0;
   }
@@ -283,7 +300,9 @@ PyObject* guard_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (!PyTuple_Check(t) || !PyArg_ParseTuple(t, "iiiLOO", &ins.op, &ins.dst, &ins.src, &ins.n, &a, &b) ||
         ins.op < 0 || ins.op >= kNumOps || ins.dst >= nregs || ins.src >= nregs ||
         ((ins.op == kArg || ins.op == kConst || ins.op == kAttr || ins.op == kItem) && ins.dst < 0) ||
-        (ins.op != kArg && ins.op != kConst && ins.op != kCallEq && ins.src < 0)) {
+        (ins.op != kArg && ins.op != kConst && ins.op != kCallEq && ins.op != kState && ins.src < 0) ||
+        (ins.op == kState && (!PyTuple_Check(a) || !PyTuple_Check(b) ||
+                              PyTuple_GET_SIZE(b) != PyTuple_GET_SIZE(a) + 2))) {
       for (Ins& done : *code) {
         Py_XDECREF(done.a);
         Py_XDECREF(done.b);

@@ -11,7 +11,7 @@ from lazy.capture.expr import Renderer
 from lazy.capture.function import state_of
 from lazy.capture.guards import compile_guards
 from lazy.capture.policy import tensor_signature
-from lazy.capture.replay import _keys_same, _python_check, global_state
+from lazy.capture.replay import STATE_CALLS, _keys_same, _python_check, global_state
 
 L = "lazy"
 
@@ -30,7 +30,7 @@ class Raises:
 def check_both(guards, A, state=None):
     """(C answer, Python answer, residual guards) for ``guards`` on the bound arguments ``A``."""
     state = global_state() if state is None else state
-    program, residual = compile_guards(state, guards, global_state, _keys_same, tensor_signature)
+    program, residual = compile_guards(state, guards, STATE_CALLS, _keys_same, tensor_signature)
     rest = _python_check(Renderer(), [((k, e), v) for k, e, v in residual], None) if residual else None
     c = bool(program(A)) and (rest is None or bool(rest(A)))
     python = bool(_python_check(Renderer(), [((k, e), v) for k, e, v in guards], state)(A))
@@ -108,6 +108,22 @@ def test_global_state():
         assert check_both(guards, (1,), state)[:2] == (False, False)
     with torch.autocast("cpu"):
         assert check_both(guards, (1,), state)[:2] == (False, False)
+    with torch.inference_mode():
+        assert check_both(guards, (1,), state)[:2] == (False, False)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert check_both(guards, (1,), state)[:2] == (False, False)
+    finally:
+        torch.set_default_dtype(previous)
+    torch.set_autocast_dtype("cpu", torch.float16)
+    try:
+        assert check_both(guards, (1,), state)[:2] == (False, False)
+    finally:
+        torch.set_autocast_dtype("cpu", state[3])
+    with lazy.config.override(backing_device="meta"):
+        assert check_both(guards, (1,), state)[:2] == (False, False)
+    assert check_both(guards, (1,), state)[:2] == (True, True)
 
 
 def test_captured_entries_agree_on_perturbed_calls():

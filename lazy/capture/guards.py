@@ -19,7 +19,7 @@ from .expr import E
 
 # The instruction set, in the order of csrc/capture_guards.cpp's enum Op.
 OPS = ("arg", "const", "attr", "item", "is", "type_is", "eq", "truth", "is_none", "len", "absent", "has_attr",
-       "call_eq", "call_true", "lazy_tensor")
+       "call_eq", "call_true", "lazy_tensor", "state")
 OP = {name: i for i, name in enumerate(OPS)}
 
 Guard = Tuple[str, E, Any]
@@ -93,12 +93,13 @@ class _Builder:
         return True
 
 
-def compile_guards(state: tuple, guards: List[Guard], global_state: Any, keys_same: Any,
+def compile_guards(state: tuple, guards: List[Guard], state_calls: tuple, keys_same: Any,
                    tensor_signature: Any) -> Tuple[Any, List[Guard]]:
-    """(program, residual): the program checks ``global_state() == state`` and every guard it can express; the
-    residual lists the others, in their order."""
+    """(program, residual): the program checks the global state (``state``: grad mode, inference mode, then the
+    values of ``state_calls``, as replay.global_state() reads them) and every guard it can express; the residual
+    lists the others, in their order."""
     b = _Builder()
-    b.emit("call_eq", a=global_state, b=state)
+    b.emit("state", a=tuple(state_calls), b=state)
     residual = []
     for kind, e, expected in guards:
         mark, regs = len(b.code), dict(b.regs)

@@ -10,6 +10,7 @@ stores the function's Python did, without interpreting or recording anything.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
@@ -37,9 +38,14 @@ class Miss(Exception):
 
 def global_state() -> tuple:
     """The global state a recording depends on: grad mode, inference mode, autocast, the default dtype, and the
-    backing device of lazy."""
-    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.is_autocast_enabled("cpu"),
-            torch.get_autocast_dtype("cpu"), torch.get_default_dtype(), config.backing_device)
+    backing device of lazy. (A guard program reads the first two from c10 and calls STATE_CALLS for the others.)"""
+    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), _autocast_enabled(), _autocast_dtype(),
+            torch.get_default_dtype(), config.backing_device)
+
+
+_autocast_enabled = functools.partial(torch.is_autocast_enabled, "cpu")
+_autocast_dtype = functools.partial(torch.get_autocast_dtype, "cpu")
+STATE_CALLS = (_autocast_enabled, _autocast_dtype, torch.get_default_dtype, lambda: config.backing_device)
 
 
 def _keys_same(d: Any, keys: tuple) -> bool:
@@ -129,7 +135,7 @@ class Entry:
     def _compile_check(self, s: Session) -> Callable[[tuple], bool]:
         """The guard program, then the Python check of the guards it cannot express (if any)."""
         guards = [(kind, e, expected) for (kind, e), expected in s.guards.items()]
-        program, residual = compile_guards(self.state, guards, global_state, _keys_same, tensor_signature)
+        program, residual = compile_guards(self.state, guards, STATE_CALLS, _keys_same, tensor_signature)
         self.guard_program = program
         self.residual_guards = residual
         if not residual:
