@@ -53,9 +53,9 @@ def const(value, dtype: torch.dtype) -> str:
     elif dtype is torch.bool:
         text = "True" if value else "False"
     else:
-        if not -(1 << 63) < value < (1 << 63):
-            raise UnsupportedByRenderer(f"integer constant {value} out of Triton's literal range")
-        text = str(int(value))
+        if not -(1 << 63) <= value < (1 << 63):
+            raise UnsupportedByRenderer(f"integer constant {value} out of int64's range")
+        text = str(int(value)) if value != -(1 << 63) else "-9223372036854775807 - 1"
     return f"tl.full([], {text}, {t})"
 
 

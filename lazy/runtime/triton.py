@@ -64,7 +64,7 @@ class Program:
         self.externs_by_op = dict(lowered.externs_by_op)
         self.launches = launches
         dtypes = {b.id: b.dtype for s in sched.kernels for b in s.buffers()}
-        build.use_cache_dir()
+        build.use_cache_dir(self.interpret)
         key = disk.graph_digest(lin, "triton", "interpret" if self.interpret else "cuda")
         path = build.module_path(key, source)
         self.module = build.load_module(path, self.interpret)  # a syntax error shows here, in the caller

@@ -23,6 +23,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import sys
 import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence
@@ -44,8 +45,12 @@ def triton_cache_dir() -> Optional[str]:
     return path
 
 
-def use_cache_dir() -> None:
-    """Point Triton's cache at lazy's (Note [Triton compiles]); inherited by the worker processes."""
+def use_cache_dir(interpret: bool) -> None:
+    """Point Triton's cache at lazy's (Note [Triton compiles]); inherited by the worker processes. Before triton
+    is first imported, choose its interpreter if the kernels run on the cpu."""
+    if interpret and "triton" not in sys.modules:
+        # NOTE: Triton decides at import whether its own library functions (tl.zeros, tl.sum, ...) are interpreted
+        os.environ["TRITON_INTERPRET"] = "1"
     path = triton_cache_dir()
     if path is None:
         path = tempfile.mkdtemp(prefix="lazy-triton-")
@@ -81,6 +86,10 @@ def load_module(path: str, interpret: bool) -> Any:
     mod = importlib.util.module_from_spec(spec)
     if interpret:
         from triton.runtime.interpreter import InterpretedFunction
+        if not isinstance(triton.language.zeros, InterpretedFunction):
+            raise RuntimeError("the triton backend runs on the cpu under Triton's interpreter, but triton was "
+                               "imported without it: set TRITON_INTERPRET=1 before importing triton (or use "
+                               "compiler 'cpp' on the cpu)")
 
         from ..codegen import triton_interp
         mod._jit = InterpretedFunction
