@@ -29,7 +29,7 @@ import torch
 from ..lower import kir
 from ..lower.kir import Expr
 from ..schedule import Kernel, Limits, Schedule, Stage
-from .triton_ops import BOOL_TEMPLATES, FLOAT_ONLY, HALF, HELPERS, TEMPLATES, UnsupportedByRenderer, const, tl_type
+from .triton_ops import BOOL_TEMPLATES, HALF, HELPERS, TEMPLATES, UnsupportedByRenderer, const, tl_type
 
 __all__ = ["LIMITS", "Launch", "UnsupportedByRenderer", "render", "render_kernel"]
 
@@ -117,6 +117,9 @@ class _Scope:
         args = [self.arg(a, index) for a in e.args if type(a) is Expr]
         if op == "cast":
             src = e.args[0].dtype
+            if src in HALF:
+                args = [f"{args[0]}.to(tl.float32)"]
+                src = torch.float32
             if e.dtype is torch.bool:
                 return f"({args[0]} != 0)"
             if src is torch.bool or e.dtype != src:
@@ -129,10 +132,13 @@ class _Scope:
         fn = table.get(op)
         if fn is None:
             raise UnsupportedByRenderer(f"kernel-IR op {op!r} has no Triton template")
-        if e.dtype in HALF and op in FLOAT_ONLY:  # computed in float, rounded once (Note [Half precision])
-            wide = [f"{s}.to(tl.float32)" if a.dtype in HALF else s
-                    for s, a in zip(args, [a for a in e.args if type(a) is Expr])]
-            return f"{fn(_F32(e), wide)}.to({tl_type(e.dtype)})"
+        operands = [a for a in e.args if type(a) is Expr]
+        if e.dtype in HALF or any(a.dtype in HALF for a in operands):
+            # NOTE: float16/bfloat16 values are computed in float32 and rounded once per op, as eager's kernels
+            # compute them (opmath; exact for compares, selects, min/max; correctly rounded for + - * /)
+            wide = [f"{s}.to(tl.float32)" if a.dtype in HALF else s for s, a in zip(args, operands)]
+            text = fn(_F32(e), wide)
+            return f"{text}.to({tl_type(e.dtype)})" if e.dtype in HALF else text
         return fn(e, args)
 
 
@@ -141,10 +147,19 @@ def _is_index(e: Expr) -> bool:
 
 
 class _F32:
-    """An expression seen as float32 (its half-precision op computed in float)."""
+    """An expression (or operand) seen with float32 in place of float16/bfloat16: its op computed in float."""
 
     def __init__(self, e: Expr) -> None:
-        self.op, self.args, self.dtype = e.op, e.args, torch.float32
+        self.op, self.dtype = e.op, torch.float32 if e.dtype in HALF else e.dtype
+        self.args = tuple(_Operand(a.op, torch.float32 if a.dtype in HALF else a.dtype) if type(a) is Expr else a
+                          for a in e.args)
+
+
+class _Operand:
+    __slots__ = ("op", "dtype")
+
+    def __init__(self, op: str, dtype: torch.dtype) -> None:
+        self.op, self.dtype = op, dtype
 
 
 class _Contexts:

@@ -202,13 +202,6 @@ BOOL_TEMPLATES: Dict[str, Template] = {
     "add": _f("({0} | {1})"), "mul": _f("({0} & {1})"), "maximum": _f("({0} | {1})"), "minimum": _f("({0} & {1})"),
     "fmax": _f("({0} | {1})"), "fmin": _f("({0} & {1})"), "bitwise_not": _f("({0} == 0)"),
     "clamp_min": _f("({0} | {1})"), "clamp_max": _f("({0} & {1})")}
-# ops computed in float32 when their dtype is float16/bfloat16 (a math function has no half version in libdevice),
-# then rounded once, as eager's kernels compute them (opmath)
-FLOAT_ONLY = frozenset(n for n, t in TEMPLATES.items() if n not in (
-    "add", "sub", "mul", "neg", "abs", "relu", "sign", "maximum", "minimum", "clamp_min", "clamp_max", "fmax",
-    "fmin", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "where", "signbit", "isinf", "isfinite",
-    "isposinf", "isneginf"))
-
 # Helpers every generated module defines (jitted device functions; ``_jit`` is triton.jit, or the interpreter's).
 HELPERS = r'''
 @_jit
