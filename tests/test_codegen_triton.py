@@ -155,3 +155,18 @@ def test_mlp_training_step_matches_eager():
     torch.testing.assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=1e-4, atol=1e-5)
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["mlp", "cnn", "encoder", "gpt"])
+def test_training_parity_under_triton(kind):
+    """test_training's models, 12 SGD steps on lazy with every graph compiled by Triton, against eager on the
+    backing device (the parity bound of tests/test_training.py)."""
+    from test_training import train
+
+    want_losses, want_state = train(kind, "sgd", DEVICE, 12, eval_every=5)
+    got_losses, got_state = train(kind, "sgd", "lazy", 12, eval_every=5)
+    assert metrics.counter("compile_fallback") == 0 and metrics.counter("kernels_launched") > 0
+    torch.testing.assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=1e-4, atol=1e-5)
+    for name, want in want_state.items():
+        torch.testing.assert_close(got_state[name], want, rtol=1e-4, atol=1e-5, msg=name)

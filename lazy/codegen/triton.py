@@ -125,34 +125,73 @@ class _Scope:
             if src is torch.bool or e.dtype != src:
                 return f"{args[0]}.to({tl_type(e.dtype)})"
             return args[0]
-        if not index:  # loop variables are int32 (or int64) index blocks: as data they take the op's type
+        operands = [a for a in e.args if type(a) is Expr]
+        have = [a.dtype for a in operands]
+        if not index:
+            # loop variables are int32 (or int64) index blocks: as data they take their type; an operand of another
+            # type than the op computes in is converted (the C++ renderer's implicit conversions)
             args = [f"{s}.to({tl_type(a.dtype)})" if _is_index(a) and a.op != "const" else s
-                    for s, a in zip(args, [a for a in e.args if type(a) is Expr])]
+                    for s, a in zip(args, operands)]
+            want = _operand_types(e, have)
+            args = [_convert(s, h, w) for s, h, w in zip(args, have, want)]
+            have = want
         table = BOOL_TEMPLATES if e.dtype is torch.bool and op in BOOL_TEMPLATES else TEMPLATES
         fn = table.get(op)
         if fn is None:
             raise UnsupportedByRenderer(f"kernel-IR op {op!r} has no Triton template")
-        operands = [a for a in e.args if type(a) is Expr]
-        if e.dtype in HALF or any(a.dtype in HALF for a in operands):
+        if e.dtype in HALF or any(h in HALF for h in have):
             # NOTE: float16/bfloat16 values are computed in float32 and rounded once per op, as eager's kernels
             # compute them (opmath; exact for compares, selects, min/max; correctly rounded for + - * /)
-            wide = [f"{s}.to(tl.float32)" if a.dtype in HALF else s for s, a in zip(args, operands)]
-            text = fn(_F32(e), wide)
+            wide = [f"{s}.to(tl.float32)" if h in HALF else s for s, h in zip(args, have)]
+            text = fn(_View(e, [_f32(h) for h in have], _f32(e.dtype)), wide)
             return f"{text}.to({tl_type(e.dtype)})" if e.dtype in HALF else text
-        return fn(e, args)
+        return fn(_View(e, have, e.dtype), args)
+
+
+_COMPARE = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
+_OWN_TYPE = frozenset({"isinf", "isfinite", "isposinf", "isneginf", "signbit"})
+
+
+def _operand_types(e: Expr, have: List[torch.dtype]) -> List[torch.dtype]:
+    """The types an op's operands are converted to before it runs."""
+    if e.op in _COMPARE:
+        common = have[0]
+        for h in have[1:]:
+            common = torch.promote_types(common, h)
+        return [common] * len(have)
+    if e.op == "where":
+        return [torch.bool, e.dtype, e.dtype]
+    if e.op in ("and", "or", "not"):
+        return [torch.bool] * len(have)
+    if e.op in _OWN_TYPE:
+        return have
+    return [e.dtype] * len(have)
+
+
+def _convert(text: str, have: torch.dtype, want: torch.dtype) -> str:
+    if have is want:
+        return text
+    if want is torch.bool:
+        return f"({text}.to(tl.float32) != 0)" if have in HALF else f"({text} != 0)"
+    return f"{text}.to({tl_type(want)})"
+
+
+def _f32(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in HALF else dtype
 
 
 def _is_index(e: Expr) -> bool:
     return e.op == "var" or e.op in _INDEX_OPS
 
 
-class _F32:
-    """An expression (or operand) seen with float32 in place of float16/bfloat16: its op computed in float."""
+class _View:
+    """What a template sees of an expression: its op, its result type and its operands' types (float32 in place
+    of float16/bfloat16 where the op is computed in float)."""
 
-    def __init__(self, e: Expr) -> None:
-        self.op, self.dtype = e.op, torch.float32 if e.dtype in HALF else e.dtype
-        self.args = tuple(_Operand(a.op, torch.float32 if a.dtype in HALF else a.dtype) if type(a) is Expr else a
-                          for a in e.args)
+    def __init__(self, e: Expr, operand_types: List[torch.dtype], dtype: torch.dtype) -> None:
+        self.op, self.dtype = e.op, dtype
+        types = iter(operand_types)
+        self.args = tuple(_Operand(a.op, next(types)) if type(a) is Expr else a for a in e.args)
 
 
 class _Operand:
