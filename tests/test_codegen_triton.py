@@ -170,3 +170,42 @@ def test_training_parity_under_triton(kind):
     torch.testing.assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=1e-4, atol=1e-5)
     for name, want in want_state.items():
         torch.testing.assert_close(got_state[name], want, rtol=1e-4, atol=1e-5, msg=name)
+
+
+_TIERED = r"""
+import time, torch, lazy
+from lazy.cache import graph_cache
+from lazy.debug import metrics
+x = torch.randn(64, 300).to("lazy")
+lazy.mark_step()
+want = torch.softmax(x.cpu(), -1) * 2
+backends = []
+start = time.perf_counter()
+while True:
+    y = (x.softmax(-1) * 2).cpu()
+    torch.testing.assert_close(y, want)
+    backends.append(graph_cache.latest()._bound is not None if graph_cache.latest().backend == "triton" else False)
+    if backends[-1] or time.perf_counter() - start > 120:
+        break
+    time.sleep(0.05)
+print("RESULT", len(backends), backends[-1], metrics.counter("triton.compiles"), metrics.counter("disk_cache.hit"))
+"""
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="Triton compiles only for a GPU (the cpu runs kernels interpreted)")
+def test_tiered_compiles_in_workers_then_a_second_process_compiles_nothing(tmp_path):
+    """Under 'auto' the first runs do not wait for Triton: the graph runs on the reference executor while the pool
+    compiles, then switches; a second process with the same cache loads the kernels and compiles nothing."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, LAZY_COMPILER="auto", LAZY_CACHE_DIR=str(tmp_path), LAZY_BACKING_DEVICE=DEVICE)
+    results = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", _TIERED], env=env, capture_output=True, text=True, timeout=300)
+        line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")]
+        assert line, out.stderr[-3000:]
+        results.append(line[0].split()[1:])
+    (runs1, ok1, compiles1, _), (runs2, ok2, compiles2, hits2) = results
+    assert ok1 == "True" and int(runs1) > 2 and int(compiles1) >= 1  # runs 1 and 2 on the reference executor
+    assert ok2 == "True" and int(runs2) == 2 and compiles2 == "0" and int(hits2) >= 1
