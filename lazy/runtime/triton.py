@@ -76,7 +76,7 @@ class Program:
         if self.interpret or not launches:
             self._bound = []
         elif build.record_matches(key, source) or not tiered or config.triton_workers <= 0:
-            if not build.record_matches(key, source):
+            if not build.record_matches(key, source, count=False):
                 metrics.bump("triton.compiles", len(launches))
             self._bind(build.compile_kernels(path, launches, dtypes), key, source)
         else:  # Note [Triton compiles]: the reference executor runs the graph until the pool is done

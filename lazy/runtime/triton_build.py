@@ -139,25 +139,41 @@ def submit(path: str, launches: Sequence[Any], dtypes: Dict[int, Any]) -> concur
 
 # ---- the record of compiled kernels (Note [Triton compiles]) ---------------------------------------------------
 
-def _files(kernel_hash: str) -> Dict[str, str]:
+def _group(kernel_hash: str) -> str:
+    """Triton's cache directory of a compiled kernel (named after its hash, base32-encoded since Triton 3.2)."""
     root = os.environ.get("TRITON_CACHE_DIR", "")
-    group = os.path.join(root, kernel_hash)
+    try:
+        from triton.runtime.cache import _base32
+        name = _base32(kernel_hash)
+    except (ImportError, ValueError):
+        name = kernel_hash
+    path = os.path.join(root, name)
+    return path if os.path.isdir(path) else os.path.join(root, kernel_hash)
+
+
+def _files(kernel_hash: str) -> Dict[str, str]:
+    """sha256 of each file Triton keeps for a compiled kernel (its lock and temporaries aside)."""
+    group = _group(kernel_hash)
     found = {}
     if os.path.isdir(group):
         for name in sorted(os.listdir(group)):
+            if name == "lock" or name.startswith("tmp"):
+                continue
             with open(os.path.join(group, name), "rb") as f:
-                found[os.path.join(kernel_hash, name)] = hashlib.sha256(f.read()).hexdigest()
+                found[name] = hashlib.sha256(f.read()).hexdigest()
     return found
 
 
-def record_matches(key: str, source: str) -> bool:
-    """Whether a valid record says every kernel of this source is in Triton's cache, unchanged."""
+def record_matches(key: str, source: str, count: bool = True) -> bool:
+    """Whether a valid record says every kernel of this source is in Triton's cache, unchanged (counted in the
+    ``disk_cache`` counters, where ``count``)."""
     root = disk.cache_dir()
     if root is None:
         return False
     path = os.path.join(root, key + ".triton.json")
     if not os.path.exists(path):
-        metrics.bump("disk_cache.miss")
+        if count:
+            metrics.bump("disk_cache.miss")
         return False
     try:
         with open(path) as f:
@@ -170,11 +186,11 @@ def record_matches(key: str, source: str) -> bool:
         metrics.bump("disk_cache.corrupt")
         metrics.bump("disk_cache.miss")
         for h in (meta.get("kernels") or {}) if isinstance(meta, dict) else {}:
-            shutil.rmtree(os.path.join(os.environ.get("TRITON_CACHE_DIR", ""), os.path.basename(str(h))),
-                          ignore_errors=True)
+            shutil.rmtree(_group(os.path.basename(str(h))), ignore_errors=True)
         os.unlink(path)
         return False
-    metrics.bump("disk_cache.hit")
+    if count:
+        metrics.bump("disk_cache.hit")
     return True
 
 
@@ -182,8 +198,7 @@ def write_record(key: str, source: str, compiled: Sequence[Any]) -> None:
     root = disk.cache_dir()
     if root is None:
         return
-    kernels = {ck.hash: {k[len(ck.hash) + 1:]: v for k, v in _files(ck.hash).items()} for ck in compiled}
-    kernels = {h: {os.path.join(h, n): v for n, v in files.items()} for h, files in kernels.items()}
+    kernels = {ck.hash: _files(ck.hash) for ck in compiled}
     meta = {"key": key, "source_sha256": hashlib.sha256(source.encode()).hexdigest(), "kernels": kernels,
             "versions": disk._versions()}
     disk._atomic_write(os.path.join(root, key + ".triton.json"), json.dumps(meta).encode())
