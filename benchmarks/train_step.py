@@ -3,11 +3,14 @@
     python benchmarks/train_step.py                  # ~3 min on 2 cores, most of it torch.compile compiling
     python benchmarks/train_step.py --quick          # fewer steps
     python benchmarks/train_step.py --models mlp,gpt --backends eager,lazy --size 64 --steps 100
+    python benchmarks/train_step.py --device cuda     # eager CUDA, torch.compile on CUDA, lazy backed by CUDA
 
 Models, batches and losses are those of tests/models.py (MLP, CNN with BatchNorm/GroupNorm, Transformer encoder
 layer, tiny GPT); the batch is moved to the device inside the step. Every backend runs the same steps from the same
 initial weights, so the final losses agree up to rounding (a sanity check printed under the table). Time per step
-is the median over --steps steps after --warmup steps, wall clock, each step ending in a sync:
+is the median over --steps steps after --warmup steps, wall clock, each step ending in a sync. With --device cuda,
+where eager and lazy steps both return before the GPU is done, it is the wall time of all timed steps, the GPU
+synchronized at the end, divided by their number:
 
 - eager:         plain PyTorch on the CPU.
 - lazy:          this project; lazy.mark_step() per step, asynchronous execution on (the default: a step's program
@@ -39,7 +42,26 @@ import machine
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-from models import MODELS, batch, loss_fn  # noqa: E402
+from models import MODELS, TinyGPT, batch, loss_fn  # noqa: E402
+
+# The GPU-sized GPT of the project's issues: 6 layers of width 384, 6 heads, context 256, tied embeddings.
+LARGE = {"gpt6x384": lambda: TinyGPT(vocab=65, d=384, heads=6, layers=6, block=256)}
+
+
+def make_model(kind: str) -> torch.nn.Module:
+    return LARGE[kind]() if kind in LARGE else MODELS[kind]()
+
+
+def make_batch(kind: str, step: int, size: int) -> tuple:
+    if kind in LARGE:
+        g = torch.Generator().manual_seed(1000 + step)
+        seq = torch.randint(0, 65, (size, 257), generator=g)
+        return seq[:, :-1], seq[:, 1:]
+    return batch(kind, step, "cpu", size=size)
+
+
+def loss_of(kind: str, out, y):
+    return loss_fn("gpt" if kind in LARGE else kind, out, y)
 
 BACKENDS = ("eager", "lazy", "lazy-sync", "capture", "compile", "ltc")
 RESULT_PREFIX = "RESULT "
@@ -58,40 +80,56 @@ def time_training(kind: str, device: str, sync, args, wrap=None, wrap_step=None,
     Returns the first step's time, the median steady-state step time (both in ms) and the final loss.
     """
     torch.manual_seed(0)
-    model = MODELS[kind]().to(device)
+    model = make_model(kind).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     forward = wrap(model) if wrap else model
     opt_step = wrap_step(opt.step) if wrap_step else opt.step
 
     def train_step(x, y):
-        loss = loss_fn(kind, forward(x.to(device)), y.to(device))
+        loss = loss_of(kind, forward(x.to(device)), y.to(device))
         opt.zero_grad()
         loss.backward()
         opt_step()
         return loss
 
+    def finish() -> None:
+        """Wait for everything launched: lazy's programs, then the GPU."""
+        if device == "lazy" and "lazy" in sys.modules:  # not in the LTC worker, which never imports lazy
+            sys.modules["lazy"].wait_device_ops()
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+
     step_fn = compile_step(train_step) if compile_step else train_step
-    batches = [batch(kind, i, "cpu", size=args.size) for i in range(8)]
+    batches = [make_batch(kind, i, args.size) for i in range(8)]
     times = []
     for step in range(args.warmup + args.steps):
         x, y = batches[step % len(batches)]
+        if step == args.warmup:
+            finish()
+            timed_start = time.perf_counter()
         start = time.perf_counter()
         loss = step_fn(x, y)
         sync()
         times.append(time.perf_counter() - start)
-    return {"first_ms": times[0] * 1e3, "ms": statistics.median(times[args.warmup:]) * 1e3,
+        if step == 0:
+            finish()
+            times[0] = time.perf_counter() - start
+    finish()
+    average = (time.perf_counter() - timed_start) / args.steps
+    median = statistics.median(times[args.warmup:])
+    return {"first_ms": times[0] * 1e3, "ms": (average if args.device == "cuda" else median) * 1e3,
             "min_ms": min(times[args.warmup:]) * 1e3, "loss": float(loss.detach().cpu())}
 
 
 def run_eager(kind: str, args) -> dict:
-    return time_training(kind, "cpu", lambda: None, args)
+    return time_training(kind, args.device, lambda: None, args)
 
 
 def run_lazy(kind: str, args, asynchronous: bool = True, capture: bool = False) -> dict:
     import lazy
 
     lazy.metrics.reset()
-    with lazy.config.override(async_execution=asynchronous):
+    with lazy.config.override(async_execution=asynchronous, backing_device=args.device):
         result = time_training(kind, "lazy", lazy.mark_step, args, compile_step=lazy.compile if capture else None)
         lazy.wait_device_ops()
     counters = lazy.metrics.counters()
@@ -105,7 +143,7 @@ def run_lazy(kind: str, args, asynchronous: bool = True, capture: bool = False) 
 def run_compile(kind: str, args) -> dict:
     import torch._dynamo
     torch._dynamo.reset()
-    return time_training(kind, "cpu", lambda: None, args, wrap=torch.compile,
+    return time_training(kind, args.device, lambda: None, args, wrap=torch.compile,
                          wrap_step=torch.compile if args.compile_optimizer else None)
 
 
@@ -197,7 +235,8 @@ def print_report(results: dict, args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {','.join(MODELS)}")
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help=f"comma-separated, from {','.join([*MODELS, *LARGE])} (gpt6x384: for a GPU)")
     parser.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, from {','.join(BACKENDS)}")
     parser.add_argument("--size", type=int, default=32, help="batch size")
     parser.add_argument("--warmup", type=int, default=3)
@@ -206,13 +245,14 @@ def main() -> None:
     parser.add_argument("--compile-optimizer", action="store_true", help="also torch.compile the AdamW step")
     parser.add_argument("--ltc-timeout", type=int, default=180, help="seconds before the LTC worker is abandoned")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda: eager's device and lazy's backing device")
     parser.add_argument("--worker", choices=["ltc"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.models = args.models.split(",")
     args.backends = args.backends.split(",")
     for name in args.models:
-        if name not in MODELS:
-            parser.error(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+        if name not in MODELS and name not in LARGE:
+            parser.error(f"unknown model {name!r}; choose from {', '.join([*MODELS, *LARGE])}")
     for name in args.backends:
         if name not in BACKENDS:
             parser.error(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
