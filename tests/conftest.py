@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import lazy
+from lazy.sync.launch import StepFailed
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -20,8 +21,13 @@ def private_disk_cache(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def fresh_metrics():
-    """Sync whatever an earlier test left pending, then zero the counters, so counts asserted are this test's."""
+    """Sync whatever an earlier test left pending and wait for it (Note [Asynchronous execution]), then zero the
+    counters, so counts asserted are this test's."""
     lazy.mark_step()
+    try:
+        lazy.wait_device_ops()
+    except StepFailed:  # a graph an earlier test launched failed after it ended: not this test's concern
+        pass
     lazy.metrics.reset()
     yield
 

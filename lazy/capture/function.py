@@ -35,7 +35,7 @@ from ..debug.log import log, log_topic, topic_enabled
 from ..device.backing import backing_device
 from ..device.tensor import live_storages
 from ..ir.node import data_leaf
-from ..sync import mark_step, pending_storages
+from ..sync import launch, mark_step, pending_storages
 from ..trace import record
 from . import expr as X
 from .finalize import finalize
@@ -198,7 +198,7 @@ class CompiledFunction:
         state = global_state()
         s = Session()
         policy = CapturePolicy(s, self.fullgraph)
-        interp = Interpreter(policy)
+        interp = Interpreter(policy)  # noqa: F841 -- held for the capture run
         hooks = CaptureHooks(policy)
         pos, kw = self._boxed_arguments(bound)
         previous = record.CAPTURE
@@ -301,6 +301,7 @@ def _run_capture_graph(plan: Any, entry: Entry) -> None:
     call changed and of the tensors it created, as a sync would make them."""
     if plan.lin is None:
         return
+    launch.ready_all(plan.lin.leaves)
     outs = entry.program.run(plan.lin.leaves, plan.lin.scalars)
     roots = [n for n in plan.lin.outputs]
     values = {id(plan.lin.order[p]): outs[i] for i, p in enumerate(roots)}

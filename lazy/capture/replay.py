@@ -19,6 +19,7 @@ from ..config import config
 from ..device.backing import backing_device
 from ..device.tensor import new_tensor
 from ..ir.node import data_leaf
+from ..sync import launch
 from . import expr as X
 from .expr import E, Renderer, compile_function
 from .finalize import Plan
@@ -67,7 +68,7 @@ def _input_data(t: Any) -> Any:
     data = t._lz_st.value.data
     if data is None:
         raise Pending
-    return data
+    return launch.ready(data)
 
 
 def _write(t: Any, out: torch.Tensor) -> None:
