@@ -47,14 +47,25 @@ def load() -> str:
     return f"load {os.getloadavg()[0]:.2f}"
 
 
-def replay_split(fn, args: tuple) -> tuple:
-    """(check µs, replay without its program µs, program µs) of ``fn``'s first entry on ``args``."""
+def program_arguments(fn, args: tuple) -> tuple:
+    """(program, inputs, scalars) of one replay of ``fn``'s first entry on ``args``: what its program runs on."""
     entry = state_of(fn).entries[0]
-    program = entry.program
-    inputs = [t._lz_st.value.data for t in args if isinstance(t, torch.Tensor)]
-    check, run, kernel = bench([lambda: entry.check(args), lambda: entry.run(args),
-                                lambda: program.run(inputs, [])], reps=200)
-    return check, run - kernel, kernel
+    program, seen = entry.program, []
+    run = program.run
+    program.run = lambda inputs, scalars: seen.append((inputs, scalars)) or run(inputs, scalars)
+    try:
+        entry.run(args)
+    finally:
+        del program.run
+    return program, seen[0][0], seen[0][1]
+
+
+def lazy_split(fn, args: tuple) -> list:
+    """µs per call of: the guard check, the replay (its program included) and the program alone, for ``fn``'s first
+    entry on ``args``."""
+    entry = state_of(fn).entries[0]
+    program, inputs, scalars = program_arguments(fn, args)
+    return [lambda: entry.check(args), lambda: entry.run(args), lambda: program.run(inputs, scalars)]
 
 
 def row(name: str, eager: float, lazy_us: float, compiled: float) -> str:
@@ -76,13 +87,13 @@ def trivial() -> None:
         f(xl)
         tc(x)
     torch.testing.assert_close(f(xl).cpu(), tc(x))
-    eager, lz, compiled = bench([lambda: plain(x), lambda: f(xl), lambda: tc(x)], reps=300)
-    check, replay, kernel = replay_split(f, (xl,))
+    eager, lz, compiled, check, replay, kernel = bench(
+        [lambda: plain(x), lambda: f(xl), lambda: tc(x)] + lazy_split(f, (xl,)), reps=300)
     print(f"\n1. trivial function x + 1 at 16x16, µs per cached call ({load()})")
     print(f"{'':<42}{'eager':>10}{'lazy.compile':>14}{'torch.compile':>16}{'lazy/eager':>12}{'lazy/tc':>10}")
     print(row("call", eager, lz, compiled))
-    print(f"  lazy: guard check {check:.2f}, replay without its program {replay:.2f}, program (kernel) {kernel:.2f}; "
-          f"hook + handler {lz - check - replay - kernel:.2f}; overhead apart from the kernel {lz - kernel:.2f} µs")
+    print(f"  lazy: overhead apart from the program {lz - kernel:.2f} µs: guard check {check:.2f}, replay without its "
+          f"program {replay - kernel:.2f}, hook and handler {lz - check - replay:.2f}; the program {kernel:.2f}")
 
 
 def guard_checks() -> None:
@@ -131,13 +142,14 @@ def chain_200() -> None:
         tc(x)
     torch.testing.assert_close(chain(xl).cpu(), tc(x), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(plain(x), tc(x), rtol=1e-4, atol=1e-5)
-    eager, lz, compiled = bench([lambda: plain(x), lambda: chain(xl), lambda: tc(x)], reps=100, inner=5)
-    check, replay, kernel = replay_split(chain, (xl,))
+    eager, lz, compiled, check, replay, kernel = bench(
+        [lambda: plain(x), lambda: chain(xl), lambda: tc(x)] + lazy_split(chain, (xl,)), reps=100, inner=5)
     print(f"\n3. 200-op pointwise chain at 16x16, µs per cached call ({load()})")
     print(f"{'':<42}{'eager':>10}{'lazy.compile':>14}{'torch.compile':>16}{'lazy/eager':>12}{'lazy/tc':>10}")
     print(row("call", eager, lz, compiled))
-    print(f"  lazy: program (kernel) {kernel:.2f} µs, overhead apart from the kernel {lz - kernel:.2f} µs "
-          f"(guard check {check:.2f}, replay without its program {replay:.2f})")
+    print(f"  lazy: overhead apart from the program {lz - kernel:.2f} µs: guard check {check:.2f}, replay without its "
+          f"program {replay - kernel:.2f} ({len(program_arguments(chain, (xl,))[2])} runtime scalars), hook and "
+          f"handler {lz - check - replay:.2f}; the program {kernel:.2f}")
 
 
 def hook_on_plain_calls() -> None:

@@ -6,7 +6,8 @@
 // renders them as one generated expression; a GuardProgram is the same check as a list of instructions over
 // registers: loads (an argument, a constant, an attribute, an item) and tests (identity, exact type, equality with
 // the expected value's exact type, truth, None-ness, length, absence of a key or an attribute, a lazy tensor's
-// signature, a call of a Python helper compared with its expected result). A program answers what the Python check
+// signature, a call of a Python helper compared with its expected result, the global state: grad and inference mode
+// read from c10, the rest through the readers replay.global_state calls). A program answers what the Python check
 // answers: the conjunction of every test, where a load or test that raises counts as false (the Python check's
 // ``except Exception: return False``); its tests have no side effects beyond those of the loads the Python check also
 // makes, so the order does not change the answer. Each load happens once per call, into its register, as the Python

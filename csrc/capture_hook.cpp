@@ -107,8 +107,11 @@ void drop_frame(PyThreadState* ts, _PyInterpreterFrame* frame) {
 PyObject* registered_frame(PyThreadState* ts, _PyInterpreterFrame* frame, int throw_flag) {
   void* extra = nullptr;
   PyCodeObject* code = frame->f_code;
-  if (g_index < 0 || LAZY_GET_EXTRA(reinterpret_cast<PyObject*>(code), g_index, &extra) != 0 ||
-      extra == nullptr || throw_flag || frame->owner != FRAME_OWNED_BY_THREAD || frame->frame_obj != nullptr ||
+  if (g_index >= 0 && LAZY_GET_EXTRA(reinterpret_cast<PyObject*>(code), g_index, &extra) != 0) {
+    PyErr_Clear();  // (cannot happen: a code object and a valid index) never evaluate with an error set
+    extra = nullptr;
+  }
+  if (extra == nullptr || throw_flag || frame->owner != FRAME_OWNED_BY_THREAD || frame->frame_obj != nullptr ||
       ts->tracing) {
     return eval_default(ts, frame, throw_flag);
   }
