@@ -209,3 +209,34 @@ def test_tiered_compiles_in_workers_then_a_second_process_compiles_nothing(tmp_p
     (runs1, ok1, compiles1, _), (runs2, ok2, compiles2, hits2) = results
     assert ok1 == "True" and int(runs1) > 2 and int(compiles1) >= 1  # runs 1 and 2 on the reference executor
     assert ok2 == "True" and int(runs2) == 2 and compiles2 == "0" and int(hits2) >= 1
+
+
+def test_records_of_compiled_kernels_detect_corrupt_and_foreign_entries(tmp_path, monkeypatch):
+    """Note [Triton compiles]: a record matches only its own source and unchanged kernel files; a corrupt one is
+    counted, its kernels' cache directories removed (Triton rebuilds them) and the record dropped."""
+    import hashlib
+    import os
+
+    from lazy.runtime import triton_build
+    from triton.runtime.cache import _base32
+
+    class Compiled:  # what write_record reads of a CompiledKernel
+        hash = hashlib.sha256(b"kernel").hexdigest()
+
+    with lazy.config.override(cache_dir=str(tmp_path / "lazy")):
+        monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+        group = tmp_path / "triton" / _base32(Compiled.hash)
+        group.mkdir(parents=True)
+        (group / "k0.cubin").write_bytes(b"\x7fELF compiled")
+        (group / "lock").write_bytes(b"")
+        triton_build.write_record("key", "source", [Compiled()])
+        assert oct(os.stat(tmp_path / "lazy").st_mode & 0o777) == "0o700"
+        assert triton_build.record_matches("key", "source")
+        assert not triton_build.record_matches("key", "another source")  # foreign: dropped, rebuilt
+        assert not group.exists() and metrics.counter("disk_cache.corrupt") == 1
+        group.mkdir()
+        (group / "k0.cubin").write_bytes(b"\x7fELF compiled")
+        triton_build.write_record("key", "source", [Compiled()])
+        (group / "k0.cubin").write_bytes(b"\x7fELF truncat")  # corrupt
+        assert not triton_build.record_matches("key", "source")
+        assert metrics.counter("disk_cache.corrupt") == 2 and metrics.counter("disk_cache.hit") == 1

@@ -40,6 +40,7 @@ LOOP_RBLOCK = 2048
 TILE_XBLOCK, TILE_RBLOCK = 64, 32
 _INDEX_OPS = frozenset({"iadd", "imul", "ifloordiv", "imod", "index_clamp", "index_checked"})
 _INIT = {"sum": 0, "prod": 1}
+_COMBINE = {"prod": "prod_", "max": "max_nan", "min": "min_nan"}  # triton_ops.HELPERS
 
 
 @dataclass
@@ -309,15 +310,15 @@ def _acc_dtype(s: Stage) -> Tuple[Expr, torch.dtype]:
 
 
 def _init(kind: str, dtype: torch.dtype) -> str:
+    """The reduction's identity over ``dtype`` (what masked lanes hold), as a Triton literal."""
     if kind in _INIT:
-        return const(_INIT[kind], dtype)
+        return str(_INIT[kind] if not dtype.is_floating_point else float(_INIT[kind]))
     high = kind in ("min", "argmin")
     if dtype.is_floating_point:
-        return const(float("inf") if high else float("-inf"), dtype)
-    if dtype is torch.bool:
-        return const(1 if high else 0, torch.int8)
+        return 'float("inf")' if high else 'float("-inf")'
     info = torch.iinfo(dtype)
-    return const(info.max if high else info.min, dtype)
+    value = info.max if high else info.min
+    return str(value) if value != -(1 << 63) else "-9223372036854775807 - 1"
 
 
 def _render_reduction(k: Kernel, lines: List[str], itype: str) -> Tuple[int, int]:
@@ -394,7 +395,8 @@ def _render_stage(n: int, s: Stage, body: Expr, acc: torch.dtype, red: List[Expr
     val_t = acc if not arg else body.dtype
     if val_t is torch.bool:
         val_t = torch.int8
-    init = _init(kind, val_t)
+    literal = _init(kind, val_t)
+    init = f"tl.full([], {literal}, {tl_type(val_t)})"
     prefix = zero[:-4]
     if persistent:
         if zero != "izero":
@@ -409,7 +411,7 @@ def _render_stage(n: int, s: Stage, body: Expr, acc: torch.dtype, red: List[Expr
         else:
             result = f"{_combine_all(kind, f'v{n}')}[:, None]"
     else:
-        lines.append(f"{ind}a{n} = tl.full([{xblock}, {rblock}], {init.split(', ')[1]}, {tl_type(val_t)})")
+        lines.append(f"{ind}a{n} = tl.full([{xblock}, {rblock}], {literal}, {tl_type(val_t)})")
         if arg:
             lines.append(f"{ind}ai{n} = tl.full([{xblock}, {rblock}], {1 << 30}, {itype})")
         lines.append(f"{ind}for r{n}off in range(0, {max(count, 1)}, {rblock}):")
@@ -452,16 +454,17 @@ def _flat(scope: _Scope, red: List[Expr]) -> str:
 def _combine_all(kind: str, block: str) -> str:
     if kind == "sum":
         return f"tl.sum({block}, 1)"
-    return f"tl.reduce({block}, 1, {dict(prod='prod_', max='max_nan', min='min_nan')[kind]})"
+    return f"tl.reduce({block}, 1, {_COMBINE[kind]})"
 
 
 def _combine_two(kind: str, a: str, b: str) -> str:
     if kind == "sum":
         return f"{a} + {b}"
-    return f"{dict(prod='prod_', max='max_nan', min='min_nan')[kind]}({a}, {b})"
+    return f"{_COMBINE[kind]}({a}, {b})"
 
 
-HEADER = "import triton\nimport triton.language as tl\n# _kernel, _jit and M are set by the loader (runtime/triton.py)\n"
+HEADER = ("import triton\nimport triton.language as tl\n"
+          "# _kernel, _jit and M are set by the loader (runtime/triton_build.py)\n")
 
 
 def render(sched: Schedule) -> Tuple[str, List[Launch]]:

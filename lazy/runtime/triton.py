@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import torch
 
@@ -89,7 +89,7 @@ class Program:
     def _bind(self, compiled: Sequence[Any], key: str, source: str) -> None:
         """Note [Pre-bound launches]."""
         bound = []
-        for ck, launch in zip(compiled, self.launches):
+        for ck in compiled:
             ck._init_handles()
             bound.append((ck.run, ck.function, ck.packed_metadata))
         build.write_record(key, source, compiled)
@@ -130,7 +130,8 @@ class Program:
             self._bind(build.compile_kernels(path, self.launches, dtypes), key, source)
         except Exception as e:  # noqa: BLE001 -- a failed compile keeps the graph on the reference executor
             warnings.warn(f"lazy: the triton backend could not compile a graph ({type(e).__name__}: "
-                          f"{str(e)[:500]}); it runs on the reference executor (correct, slower).", RuntimeWarning)
+                          f"{str(e)[:500]}); it runs on the reference executor (correct, slower).", RuntimeWarning,
+                          stacklevel=2)
             metrics.bump("compile_fallback")
             self._pending = None
             self._bound = None
