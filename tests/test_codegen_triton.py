@@ -240,3 +240,13 @@ def test_records_of_compiled_kernels_detect_corrupt_and_foreign_entries(tmp_path
         (group / "k0.cubin").write_bytes(b"\x7fELF truncat")  # corrupt
         assert not triton_build.record_matches("key", "source")
         assert metrics.counter("disk_cache.corrupt") == 2 and metrics.counter("disk_cache.hit") == 1
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="on cuda an index out of range is a device-side assert, as in eager, "
+                    "which leaves the CUDA context unusable")
+def test_an_index_out_of_range_raises_as_eager_does():
+    w = torch.randn(10, 4)
+    with pytest.raises(IndexError, match="index out of range"):
+        F.embedding(torch.tensor([1, 12]).to("lazy"), w.to("lazy")).cpu()
+    lazy.mark_step()
+    run(lambda i, w: F.embedding(i, w), torch.tensor([1, 9]), w)

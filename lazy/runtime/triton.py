@@ -34,7 +34,7 @@ from ..ir.node import DATA
 from ..lower import Extern, lower
 from ..schedule import Kernel, format_schedule, schedule
 from . import triton_build as build
-from .cpp import _call_extern
+from .cpp import _call_extern, _raise_kernel_error
 from .reference import EXEC_OVERRIDES, _direct, eager_dispatch
 from .reference import Program as ReferenceProgram
 from .reference import _plan as _plan_args
@@ -164,8 +164,10 @@ class Program:
                     if grid > 0:
                         args = [values[i] for i in bufs]
                         args += [float(scalars[s]) if f else int(scalars[s]) for s, f in zip(slots, floats)]
-                        if self.interpret or not aligned:
-                            self._jit[n][(grid,)](*args, num_warps=self.launches[n].num_warps, num_stages=1)
+                        if self.interpret:
+                            self._interpret(n, grid, args)
+                        elif not aligned:
+                            self._jit[n][(grid,)](*args, num_warps=self.launches[n].num_warps, **build.OPTIONS)
                         else:
                             run, function, meta = self._bound[n]
                             run(grid, 1, 1, stream, function, meta, None, None, None, *args)
@@ -191,6 +193,16 @@ class Program:
         metrics.bump("executed_nodes", self.num_nodes)
         metrics.bump("kernels_launched", launched)
         return [values[i] for i in self.output_ids]
+
+
+    def _interpret(self, n: int, grid: int, args: List[Any]) -> None:
+        from triton.runtime.errors import InterpreterError
+        try:
+            self._jit[n][(grid,)](*args)
+        except InterpreterError as e:
+            if "index out of range" in str(e):  # triton_ops.HELPERS' device_assert
+                _raise_kernel_error(2)
+            raise
 
 
 def compile_triton(lin: Linearized, device: torch.device, tiered: bool = False) -> Any:
