@@ -250,3 +250,29 @@ def test_an_index_out_of_range_raises_as_eager_does():
         F.embedding(torch.tensor([1, 12]).to("lazy"), w.to("lazy")).cpu()
     lazy.mark_step()
     run(lambda i, w: F.embedding(i, w), torch.tensor([1, 9]), w)
+
+
+def test_few_long_rows_are_split_reductions(monkeypatch):
+    """Note [Split reductions]: a kernel of few long rows reduces chunks in many programs, then the partials (the
+    thresholds scaled down 16x, so that the interpreter runs it quickly)."""
+    from lazy.codegen import triton as renderer
+    monkeypatch.setattr(renderer, "SPLIT_MIN_ELEMS", renderer.SPLIT_MIN_ELEMS // 16)
+    monkeypatch.setattr(renderer, "SPLIT_CHUNK", renderer.SPLIT_CHUNK // 16)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 4200, generator=g)
+
+    def fn(x):
+        return [x.sum(), x.amax(1), (x > 0).sum(1), (x[:, :4097] * 1e-2).exp().prod(1), x.double().mean(), x.var(1)]
+
+    want = fn(x.to(DEVICE))
+    got = fn(x.to("lazy"))
+    metrics.reset()
+    lazy.mark_step()
+    program = graph_cache.latest()
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.cpu(), b.cpu(), rtol=1e-5, atol=1e-4)
+    assert program.backend == "triton" and metrics.counter("kernels_launched") == program.num_kernels
+    parts = [launch for launch in program.launches if launch.name.endswith("p")]
+    assert len(parts) >= 2 and "outer[k0_s<17]" in program.kernel_ir  # x.sum(): 17 chunks of one row ...
+    assert "stage sum over [17]" in program.kernel_ir  # ... then their partials
+    assert "stage sum over [4200]" in program.kernel_ir  # x.var(1): a stage reading another is not split

@@ -54,6 +54,7 @@ class Program:
             raise RuntimeError(f"the triton backend runs on cuda (or, interpreted, on the cpu), not on {device}")
         lowered = lower(lin, device)                           # ATen graph -> kernel IR + externs
         sched = schedule(lowered, renderer.LIMITS)             # fusion, order, buffer lifetimes
+        sched = renderer.split_reductions(sched)               # few long rows: two kernels
         self.kernel_ir = format_schedule(sched)
         source, launches = renderer.render(sched)              # kernel IR -> Triton
         self.source = source
