@@ -10,6 +10,7 @@ if os.environ.get("LAZY_BACKING_DEVICE", "cpu") == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import lazy  # noqa: E402
+from lazy.sync.launch import StepFailed  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -25,8 +26,13 @@ def private_disk_cache(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def fresh_metrics():
-    """Sync whatever an earlier test left pending, then zero the counters, so counts asserted are this test's."""
+    """Sync whatever an earlier test left pending and wait for it (Note [Asynchronous execution]), then zero the
+    counters, so counts asserted are this test's."""
     lazy.mark_step()
+    try:
+        lazy.wait_device_ops()
+    except StepFailed:  # a graph an earlier test launched failed after it ended: not this test's concern
+        pass
     lazy.metrics.reset()
     yield
 

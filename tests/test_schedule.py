@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 import lazy
 from lazy.cache import graph_cache
+from lazy.codegen import cpp as cpp_renderer
 from lazy.debug import metrics
 
 
@@ -24,7 +25,7 @@ def backend(request, tmp_path):
         yield request.param
 
 
-STORE = {"cpp": r"\bb\d+\[[^\]]*\] = ", "triton": r"tl\.store\("}
+STORE = {"cpp": r"\b(b\d+)\[[^\]]*\] = ", "triton": r"tl\.store\((b\d+)"}
 
 
 def run(fn, *inputs):
@@ -54,7 +55,9 @@ def test_200_op_chain_is_one_kernel_without_stored_intermediates(backend):
     assert (kernels, externs) == (1, 0)
     assert program.num_kernels == 1
     stores = re.findall(STORE[backend], program.source)
-    assert len(stores) == 1  # only the output is stored: no fused intermediate touches memory
+    # only the output is stored (by the cpp backend once per interleaved copy: Note [Interleaved copies] in
+    # codegen/cpp.py): no fused intermediate touches memory
+    assert len(set(stores)) == 1 and len(stores) in (1, cpp_renderer.INTERLEAVE)
 
 
 def test_softmax_and_layer_norm_kernel_counts(backend):
