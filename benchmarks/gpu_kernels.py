@@ -90,6 +90,9 @@ def row(name: str, fn, args, nbytes: int, reps: int, roof: float) -> None:
     def step():
         y = fn(*lz)
         lazy.mark_step()
+        # NOTE: mark_step may hand the program to lazy's worker thread (Note [Asynchronous execution]): wait until
+        # its launches are enqueued, so that the CUDA event after the step follows them
+        lazy.wait_device_ops()
         return y
 
     step()

@@ -209,3 +209,70 @@ def test_tiered_compiles_in_workers_then_a_second_process_compiles_nothing(tmp_p
     (runs1, ok1, compiles1, _), (runs2, ok2, compiles2, hits2) = results
     assert ok1 == "True" and int(runs1) > 2 and int(compiles1) >= 1  # runs 1 and 2 on the reference executor
     assert ok2 == "True" and int(runs2) == 2 and compiles2 == "0" and int(hits2) >= 1
+
+
+def test_records_of_compiled_kernels_detect_corrupt_and_foreign_entries(tmp_path, monkeypatch):
+    """Note [Triton compiles]: a record matches only its own source and unchanged kernel files; a corrupt one is
+    counted, its kernels' cache directories removed (Triton rebuilds them) and the record dropped."""
+    import hashlib
+    import os
+
+    from lazy.runtime import triton_build
+    from triton.runtime.cache import _base32
+
+    class Compiled:  # what write_record reads of a CompiledKernel
+        hash = hashlib.sha256(b"kernel").hexdigest()
+
+    with lazy.config.override(cache_dir=str(tmp_path / "lazy")):
+        monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+        group = tmp_path / "triton" / _base32(Compiled.hash)
+        group.mkdir(parents=True)
+        (group / "k0.cubin").write_bytes(b"\x7fELF compiled")
+        (group / "lock").write_bytes(b"")
+        triton_build.write_record("key", "source", [Compiled()])
+        assert oct(os.stat(tmp_path / "lazy").st_mode & 0o777) == "0o700"
+        assert triton_build.record_matches("key", "source")
+        assert not triton_build.record_matches("key", "another source")  # foreign: dropped, rebuilt
+        assert not group.exists() and metrics.counter("disk_cache.corrupt") == 1
+        group.mkdir()
+        (group / "k0.cubin").write_bytes(b"\x7fELF compiled")
+        triton_build.write_record("key", "source", [Compiled()])
+        (group / "k0.cubin").write_bytes(b"\x7fELF truncat")  # corrupt
+        assert not triton_build.record_matches("key", "source")
+        assert metrics.counter("disk_cache.corrupt") == 2 and metrics.counter("disk_cache.hit") == 1
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="on cuda an index out of range is a device-side assert, as in eager, "
+                    "which leaves the CUDA context unusable")
+def test_an_index_out_of_range_raises_as_eager_does():
+    w = torch.randn(10, 4)
+    with pytest.raises(IndexError, match="index out of range"):
+        F.embedding(torch.tensor([1, 12]).to("lazy"), w.to("lazy")).cpu()
+    lazy.mark_step()
+    run(lambda i, w: F.embedding(i, w), torch.tensor([1, 9]), w)
+
+
+def test_few_long_rows_are_split_reductions(monkeypatch):
+    """Note [Split reductions]: a kernel of few long rows reduces chunks in many programs, then the partials (the
+    thresholds scaled down 16x, so that the interpreter runs it quickly)."""
+    from lazy.codegen import triton as renderer
+    monkeypatch.setattr(renderer, "SPLIT_MIN_ELEMS", renderer.SPLIT_MIN_ELEMS // 16)
+    monkeypatch.setattr(renderer, "SPLIT_CHUNK", renderer.SPLIT_CHUNK // 16)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 4200, generator=g)
+
+    def fn(x):
+        return [x.sum(), x.amax(1), (x > 0).sum(1), (x[:, :4097] * 1e-2).exp().prod(1), x.double().mean(), x.var(1)]
+
+    want = fn(x.to(DEVICE))
+    got = fn(x.to("lazy"))
+    metrics.reset()
+    lazy.mark_step()
+    program = graph_cache.latest()
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.cpu(), b.cpu(), rtol=1e-5, atol=1e-4)
+    assert program.backend == "triton" and metrics.counter("kernels_launched") == program.num_kernels
+    parts = [launch for launch in program.launches if launch.name.endswith("p")]
+    assert len(parts) >= 2 and "outer[k0_s<17]" in program.kernel_ir  # x.sum(): 17 chunks of one row ...
+    assert "stage sum over [17]" in program.kernel_ir  # ... then their partials
+    assert "stage sum over [4200]" in program.kernel_ir  # x.var(1): a stage reading another is not split

@@ -31,7 +31,7 @@ from ..lower.kir import Expr
 from ..schedule import Kernel, Limits, Schedule, Stage
 from .triton_ops import BOOL_TEMPLATES, HALF, HELPERS, TEMPLATES, UnsupportedByRenderer, const, tl_type
 
-__all__ = ["LIMITS", "Launch", "UnsupportedByRenderer", "render", "render_kernel"]
+__all__ = ["LIMITS", "Launch", "UnsupportedByRenderer", "render", "render_kernel", "split_reductions"]
 
 LIMITS = Limits(max_buffers=64, parallel_threshold=0, keep_bytes=0)
 PERSISTENT_ELEMS = 8192   # a row of up to this many elements is one block (Note [Triton kernel shapes])
@@ -40,6 +40,7 @@ LOOP_RBLOCK = 2048
 TILE_XBLOCK, TILE_RBLOCK = 64, 32
 _INDEX_OPS = frozenset({"iadd", "imul", "ifloordiv", "imod", "index_clamp", "index_checked"})
 _INIT = {"sum": 0, "prod": 1}
+_COMBINE = {"prod": "prod_", "max": "max_nan", "min": "min_nan"}  # triton_ops.HELPERS
 
 
 @dataclass
@@ -309,15 +310,15 @@ def _acc_dtype(s: Stage) -> Tuple[Expr, torch.dtype]:
 
 
 def _init(kind: str, dtype: torch.dtype) -> str:
+    """The reduction's identity over ``dtype`` (what masked lanes hold), as a Triton literal."""
     if kind in _INIT:
-        return const(_INIT[kind], dtype)
+        return str(_INIT[kind] if not dtype.is_floating_point else float(_INIT[kind]))
     high = kind in ("min", "argmin")
     if dtype.is_floating_point:
-        return const(float("inf") if high else float("-inf"), dtype)
-    if dtype is torch.bool:
-        return const(1 if high else 0, torch.int8)
+        return 'float("inf")' if high else 'float("-inf")'
     info = torch.iinfo(dtype)
-    return const(info.max if high else info.min, dtype)
+    value = info.max if high else info.min
+    return str(value) if value != -(1 << 63) else "-9223372036854775807 - 1"
 
 
 def _render_reduction(k: Kernel, lines: List[str], itype: str) -> Tuple[int, int]:
@@ -394,7 +395,8 @@ def _render_stage(n: int, s: Stage, body: Expr, acc: torch.dtype, red: List[Expr
     val_t = acc if not arg else body.dtype
     if val_t is torch.bool:
         val_t = torch.int8
-    init = _init(kind, val_t)
+    literal = _init(kind, val_t)
+    init = f"tl.full([], {literal}, {tl_type(val_t)})"
     prefix = zero[:-4]
     if persistent:
         if zero != "izero":
@@ -409,7 +411,7 @@ def _render_stage(n: int, s: Stage, body: Expr, acc: torch.dtype, red: List[Expr
         else:
             result = f"{_combine_all(kind, f'v{n}')}[:, None]"
     else:
-        lines.append(f"{ind}a{n} = tl.full([{xblock}, {rblock}], {init.split(', ')[1]}, {tl_type(val_t)})")
+        lines.append(f"{ind}a{n} = tl.full([{xblock}, {rblock}], {literal}, {tl_type(val_t)})")
         if arg:
             lines.append(f"{ind}ai{n} = tl.full([{xblock}, {rblock}], {1 << 30}, {itype})")
         lines.append(f"{ind}for r{n}off in range(0, {max(count, 1)}, {rblock}):")
@@ -452,16 +454,96 @@ def _flat(scope: _Scope, red: List[Expr]) -> str:
 def _combine_all(kind: str, block: str) -> str:
     if kind == "sum":
         return f"tl.sum({block}, 1)"
-    return f"tl.reduce({block}, 1, {dict(prod='prod_', max='max_nan', min='min_nan')[kind]})"
+    return f"tl.reduce({block}, 1, {_COMBINE[kind]})"
 
 
 def _combine_two(kind: str, a: str, b: str) -> str:
     if kind == "sum":
         return f"{a} + {b}"
-    return f"{dict(prod='prod_', max='max_nan', min='min_nan')[kind]}({a}, {b})"
+    return f"{_COMBINE[kind]}({a}, {b})"
 
 
-HEADER = "import triton\nimport triton.language as tl\n# _kernel, _jit and M are set by the loader (runtime/triton.py)\n"
+HEADER = ("import triton\nimport triton.language as tl\n"
+          "# _kernel, _jit and M are set by the loader (runtime/triton_build.py)\n")
+
+
+# Note [Split reductions]
+# A reduction kernel runs XBLOCK rows per program, so a few long rows (x.sum() of a large tensor, a gradient's
+# norm) would run in a few programs on a GPU of a hundred cores. Such a kernel (at most SPLIT_MAX_ROWS rows, a
+# stage of at least SPLIT_MIN_ELEMS elements, no stage reading another, stores of at most PERSISTENT_ELEMS per row,
+# kinds sum/prod/max/min) becomes two kernels of the same kernel IR: the first reduces each row's S chunks in S
+# programs per row into a scratch buffer [rows, S] (chunk elements past the row's end take the reduction's
+# identity); the second is the original kernel with each stage reducing its row of partials instead. Floats are
+# combined in another order than one program's would be (a tree of chunks), as eager's CUDA kernels do too.
+SPLIT_MAX_ROWS, SPLIT_MIN_ELEMS, SPLIT_CHUNK, SPLIT_MAX = 64, 1 << 16, 8192, 1024
+
+
+def split_reductions(sched: Schedule) -> Schedule:
+    """The schedule with each kernel of few long rows split in two (Note [Split reductions])."""
+    steps: List[object] = []
+    changed = False
+    for step in sched.steps:
+        parts = _split(step, sched.lowered) if isinstance(step, Kernel) else None
+        changed = changed or parts is not None
+        steps.extend(parts or [step])
+    return Schedule(sched.lowered, steps) if changed else sched
+
+
+def _split(k: Kernel, lowered: object) -> Optional[List[Kernel]]:
+    rows = _prod(v.args[1] for v in k.outer)
+    counts = [_prod(s.red.red_shape) for s in k.stages]
+    if k.tile is not None or not k.stages or rows > SPLIT_MAX_ROWS or max(counts) < SPLIT_MIN_ELEMS \
+            or _prod(v.args[1] for v in k.inner) > PERSISTENT_ELEMS:
+        return None
+    if any(s.red.kind not in ("sum", "prod", "max", "min") or _acc_dtype(s)[1] is torch.bool
+           or any(e.op == "reduce" for e in kir.walk(s.body)) for s in k.stages):
+        return None
+    chunks = min(SPLIT_MAX, -(-max(counts) // SPLIT_CHUNK))
+    svar = kir.var(f"{k.name}_s", chunks)
+    part_stages, part_stores, final_stages, remap = [], [], [], {}
+    for s, count in zip(k.stages, counts):
+        body, acc = _acc_dtype(s)
+        size = -(-count // chunks)
+        identity = kir.const(_IDENTITY[s.red.kind](acc), acc)
+
+        def part_body(ov: List[Expr], rv: List[Expr], s=s, body=body, size=size, count=count,
+                      identity=identity, acc=acc) -> Expr:
+            flat = kir.iadd(kir.imul(ov[-1], size), rv[0])
+            at = kir.op("index_clamp", kir.INDEX, flat, kir.const(count - 1, kir.INDEX))
+            index, stride = [], count
+            for v in s.red.red_vars:
+                stride //= v.args[1]
+                index.append(kir.imod(kir.ifloordiv(at, stride), v.args[1]) if stride else at)
+            inside = kir.op("lt", torch.bool, flat, kir.const(count, kir.INDEX))
+            # NOTE: the stage's body already reads the kernel's outer loops; only the chunk index ov[-1] is new
+            return kir.op("where", acc, inside, kir.substitute(body, dict(zip(s.red.red_vars, index))), identity)
+
+        bound = list(s.ref.args[1])
+        part = kir.Reduction(s.red.kind, acc, acc, list(s.red.out_shape) + [chunks], [size], part_body)
+        ref = kir.reduce_ref(part, bound + [svar])
+        part_stages.append(Stage(ref, part, kir.reduction_body_at(part, bound + [svar])))
+        scratch = lowered.buffer(list(s.red.out_shape) + [chunks], acc)
+        part_stores.append((scratch, _strided(scratch, bound + [svar]), ref))
+        final = kir.Reduction(s.red.kind, s.red.dtype, acc, s.red.out_shape, [chunks],
+                              lambda ov, rv, scratch=scratch: kir.load(scratch, list(ov) + list(rv)))
+        new_ref = kir.reduce_ref(final, bound)
+        final_stages.append(Stage(new_ref, final, kir.reduction_body_at(final, bound)))
+        remap[s.ref] = new_ref
+    stores = [(b, i, kir.substitute(e, remap)) for b, i, e in k.stores]
+    part_k = Kernel(f"{k.name}p", k.outer + [svar], [], part_stages, part_stores, k.work, k.parallel)
+    return [part_k, Kernel(k.name, k.outer, k.inner, final_stages, stores, k.work, k.parallel)]
+
+
+def _strided(buf: kir.Buffer, index: List[Expr]) -> Expr:
+    flat = kir.const(0, kir.INDEX)
+    for i, st in zip(index, buf.strides):
+        flat = kir.iadd(flat, kir.imul(i, st))
+    return flat
+
+
+_IDENTITY = {"sum": lambda t: 0, "prod": lambda t: 1,
+             "max": lambda t: float("-inf") if t.is_floating_point else torch.iinfo(t).min,
+             "min": lambda t: float("inf") if t.is_floating_point else torch.iinfo(t).max}
 
 
 def render(sched: Schedule) -> Tuple[str, List[Launch]]:

@@ -98,9 +98,10 @@ class Lowered:
         return buf
 
 
-def lower(lin: Linearized, device: torch.device = torch.device("cpu")) -> Lowered:
+def lower(lin: Linearized, device: Optional[torch.device] = None) -> Lowered:
     """The graph as kernel IR for a backend on ``device`` (whose eager kernels decide which dtypes an op takes:
-    Note [Dtypes eager rejects])."""
+    Note [Dtypes eager rejects]; the cpu by default)."""
+    device = torch.device("cpu") if device is None else device
     kir.reset_names()
     out = Lowered()
     values.REALIZE = lambda v: from_buffer(out.realize(v))

@@ -34,7 +34,7 @@ from ..ir.node import DATA
 from ..lower import Extern, lower
 from ..schedule import Kernel, format_schedule, schedule
 from . import triton_build as build
-from .cpp import _call_extern
+from .cpp import _call_extern, _raise_kernel_error
 from .reference import EXEC_OVERRIDES, _direct, eager_dispatch
 from .reference import Program as ReferenceProgram
 from .reference import _plan as _plan_args
@@ -54,6 +54,7 @@ class Program:
             raise RuntimeError(f"the triton backend runs on cuda (or, interpreted, on the cpu), not on {device}")
         lowered = lower(lin, device)                           # ATen graph -> kernel IR + externs
         sched = schedule(lowered, renderer.LIMITS)             # fusion, order, buffer lifetimes
+        sched = renderer.split_reductions(sched)               # few long rows: two kernels
         self.kernel_ir = format_schedule(sched)
         source, launches = renderer.render(sched)              # kernel IR -> Triton
         self.source = source
@@ -89,7 +90,7 @@ class Program:
     def _bind(self, compiled: Sequence[Any], key: str, source: str) -> None:
         """Note [Pre-bound launches]."""
         bound = []
-        for ck, launch in zip(compiled, self.launches):
+        for ck in compiled:
             ck._init_handles()
             bound.append((ck.run, ck.function, ck.packed_metadata))
         build.write_record(key, source, compiled)
@@ -130,7 +131,8 @@ class Program:
             self._bind(build.compile_kernels(path, self.launches, dtypes), key, source)
         except Exception as e:  # noqa: BLE001 -- a failed compile keeps the graph on the reference executor
             warnings.warn(f"lazy: the triton backend could not compile a graph ({type(e).__name__}: "
-                          f"{str(e)[:500]}); it runs on the reference executor (correct, slower).", RuntimeWarning)
+                          f"{str(e)[:500]}); it runs on the reference executor (correct, slower).", RuntimeWarning,
+                          stacklevel=2)
             metrics.bump("compile_fallback")
             self._pending = None
             self._bound = None
@@ -163,8 +165,10 @@ class Program:
                     if grid > 0:
                         args = [values[i] for i in bufs]
                         args += [float(scalars[s]) if f else int(scalars[s]) for s, f in zip(slots, floats)]
-                        if self.interpret or not aligned:
-                            self._jit[n][(grid,)](*args, num_warps=self.launches[n].num_warps, num_stages=1)
+                        if self.interpret:
+                            self._interpret(n, grid, args)
+                        elif not aligned:
+                            self._jit[n][(grid,)](*args, num_warps=self.launches[n].num_warps, **build.OPTIONS)
                         else:
                             run, function, meta = self._bound[n]
                             run(grid, 1, 1, stream, function, meta, None, None, None, *args)
@@ -190,6 +194,16 @@ class Program:
         metrics.bump("executed_nodes", self.num_nodes)
         metrics.bump("kernels_launched", launched)
         return [values[i] for i in self.output_ids]
+
+
+    def _interpret(self, n: int, grid: int, args: List[Any]) -> None:
+        from triton.runtime.errors import InterpreterError
+        try:
+            self._jit[n][(grid,)](*args)
+        except InterpreterError as e:
+            if "index out of range" in str(e):  # triton_ops.HELPERS' device_assert
+                _raise_kernel_error(2)
+            raise
 
 
 def compile_triton(lin: Linearized, device: torch.device, tiered: bool = False) -> Any:

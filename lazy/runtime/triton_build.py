@@ -33,6 +33,9 @@ from ..config import config
 from ..debug import metrics
 
 _POOL: Optional[concurrent.futures.ProcessPoolExecutor] = None
+# Triton's compile options of every kernel. NOTE: no overflow checks, which a kernel compiled with debug (one with
+# index checks) would otherwise assert on: integer arithmetic wraps, as eager's does.
+OPTIONS = {"num_stages": 1, "sanitize_overflow": False}
 
 
 def triton_cache_dir() -> Optional[str]:
@@ -85,7 +88,11 @@ def load_module(path: str, interpret: bool) -> Any:
     spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
     mod = importlib.util.module_from_spec(spec)
     if interpret:
+        from triton.runtime import interpreter
         from triton.runtime.interpreter import InterpretedFunction
+        # device_assert (an index out of range: triton_ops.HELPERS) checks, as in a kernel compiled with debug; no
+        # overflow checks: integer arithmetic wraps, as eager's does
+        interpreter.interpreter_builder.options = interpreter.InterpreterOptions(debug=True, sanitize_overflow=False)
         if not isinstance(triton.language.zeros, InterpretedFunction):
             raise RuntimeError("the triton backend runs on the cpu under Triton's interpreter, but triton was "
                                "imported without it: set TRITON_INTERPRET=1 before importing triton (or use "
@@ -116,7 +123,7 @@ def compile_kernels(path: str, launches: Sequence[Any], dtypes: Dict[int, Any]) 
     out = []
     for launch in launches:
         fn = getattr(mod, launch.name)
-        out.append(fn.warmup(*warm_args(launch, dtypes), grid=(1,), num_warps=launch.num_warps, num_stages=1))
+        out.append(fn.warmup(*warm_args(launch, dtypes), grid=(1,), **OPTIONS, num_warps=launch.num_warps))
     return out
 
 
