@@ -80,9 +80,13 @@ def _wait(work: Any, what: str, group: str) -> None:
     try:
         work.wait()
     except Exception as error:  # noqa: BLE001 -- whatever the backend raises, it is reported with its context
-        pg = resolve_group(group)
+        try:
+            pg = resolve_group(group)
+            where = f"rank {pg.rank()} of {pg.size()}"
+        except Exception:  # noqa: BLE001 -- a group destroyed meanwhile: report the failure without its ranks
+            where = "destroyed since"
         raise CollectiveError(
-            f"lazy.distributed: {what} on process group {group!r} (rank {pg.rank()} of {pg.size()}) failed at the "
+            f"lazy.distributed: {what} on process group {group!r} ({where}) failed at the "
             f"sync: {error}. Another rank probably died, raised, or ran different collectives; the wait is bounded "
             "by the process group's timeout (init_process_group(timeout=...))") from error
 
