@@ -103,7 +103,7 @@ GRADIENT_FREE = {"gpt": {"blocks.0.qkv.bias": slice(16, 32)}}
 def check_training(kind: str, opt_name: str, how: str) -> torch.nn.Module:
     want_losses, want_state = reference(kind, opt_name)
     got_losses, model = data_parallel(kind, opt_name, how)
-    torch.testing.assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=1e-4, atol=1e-5)
     free = GRADIENT_FREE.get(kind, {}) if opt_name == "adamw" else {}
     for name, value in model.state_dict().items():
         got, want = value.cpu(), want_state[name]
