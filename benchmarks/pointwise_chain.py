@@ -6,8 +6,12 @@ cache; split into recording, g++ and the rest) and of torch.compile, the time to
 process whose disk cache already holds the graph, and the bytes each run allocates for intermediates. Every figure
 is printed with the load average at the time (the box is shared).
 
+Also the memory-bound ``x * 2 + 1`` at 4096x4096 against torch's ``copy_`` of the same size (the bandwidth any
+pointwise kernel can reach), and with ``--isa``, all of it once per instruction set (benchmarks/common.py).
+
     python benchmarks/pointwise_chain.py            # 16x16 and 1024x1024
     python benchmarks/pointwise_chain.py --large    # also 4096x4096
+    python benchmarks/pointwise_chain.py --isa native,avx2
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ os.environ.setdefault("LAZY_COMPILER", "cpp")
 os.environ["LAZY_CACHE_DIR"] = tempfile.mkdtemp(prefix="lazy-bench-cache-")  # first compile really compiles
 import lazy  # noqa: E402
 import machine  # noqa: E402
+from common import add_isa_argument, cached_run, isa_line, rerun_per_isa  # noqa: E402
 from lazy.cache import graph_cache  # noqa: E402
 
 OPS = (lambda t: t * 1.01, lambda t: t + 0.1, lambda t: t.sin(), lambda t: t.relu(), lambda t: t - 0.05)
@@ -107,9 +112,10 @@ def run(n: int, reps: int) -> None:
     t = time.perf_counter()
     compiled(x)
     tc_first = time.perf_counter() - t
-    for f in (lazy_step, lambda: chain(x), lambda: compiled(x)):
+    _, kernel_run = cached_run(chain, (x,))
+    for f in (lazy_step, kernel_run, lambda: chain(x), lambda: compiled(x)):
         f()
-    t_lazy, t_eager, t_tc = bench([lazy_step, lambda: chain(x), lambda: compiled(x)], reps)
+    t_lazy, t_run, t_eager, t_tc = bench([lazy_step, kernel_run, lambda: chain(x), lambda: compiled(x)], reps)
     elem = x.element_size() * x.numel()
     # a segment step is (kind, label, entry, allocs, ...): allocs are (buffer, shape, dtype) of its fresh tensors
     lazy_bytes = sum(torch.Size(shape).numel() * dtype.itemsize
@@ -118,22 +124,59 @@ def run(n: int, reps: int) -> None:
     print(f"  steady state  lazy {t_lazy * 1e3:9.3f} ms   eager {t_eager * 1e3:9.3f} ms   torch.compile "
           f"{t_tc * 1e3:9.3f} ms   eager/lazy {t_eager / t_lazy:5.2f}x   lazy/compile {t_lazy / t_tc:5.2f}x   "
           f"({load()})")
+    print(f"  cached run alone (kernels, no recording) {t_run * 1e3:9.3f} ms   run/eager {t_run / t_eager:5.2f}x   "
+          f"run/compile {t_run / t_tc:5.2f}x")
     print(f"  first compile lazy {lazy_first:6.2f} s (record {recorded:.2f} s, g++ {gxx:.2f} s, rest "
           f"{lazy_first - recorded - gxx:.2f} s)    torch.compile {tc_first:6.2f} s   ({load()})")
     print(f"  bytes allocated per run: lazy {lazy_bytes / 1e6:.3f} MB (outputs only, no intermediate); eager "
           f"{200 * elem / 1e6:.3f} MB over 200 intermediates (at most 2 live: peak {2 * elem / 1e6:.3f} MB)")
 
 
+def memory_bound(n: int, reps: int) -> None:
+    """``x * 2 + 1`` at n x n: lazy's cached run and step vs eager, torch.compile and ``copy_`` (read n^2 floats,
+    write n^2: the same traffic), interleaved rounds; bandwidth in GB/s of those 2 n^2 floats."""
+    x = torch.randn(n, n)
+    dst = torch.empty_like(x)
+    fn = lambda t: t * 2 + 1  # noqa: E731
+    program, kernel_run = cached_run(fn, (x,))
+    xl = x.to("lazy")
+    lazy.mark_step()
+
+    def lazy_step():
+        y = fn(xl)
+        lazy.mark_step()
+        return y
+
+    compiled = torch.compile(fn)
+    torch.testing.assert_close(compiled(x), fn(x))
+    cols = {"lazy run": kernel_run, "lazy step": lazy_step, "eager": lambda: fn(x), "torch.compile": lambda: compiled(x),
+            "copy_": lambda: dst.copy_(x)}
+    for f in cols.values():
+        f()
+    times = dict(zip(cols, bench(list(cols.values()), reps)))
+    gbs = {k: 2 * x.numel() * x.element_size() / t / 1e9 for k, t in times.items()}
+    print(f"{n}x{n} x * 2 + 1 (memory-bound; kernels={program.num_kernels}): "
+          + "   ".join(f"{k} {t * 1e3:.2f} ms ({gbs[k]:.1f} GB/s)" for k, t in times.items()))
+    print(f"  lazy run at {gbs['lazy run'] / gbs['copy_'] * 100:.0f}% of copy_'s bandwidth, lazy step at "
+          f"{gbs['lazy step'] / gbs['copy_'] * 100:.0f}%, torch.compile at {gbs['torch.compile'] / gbs['copy_'] * 100:.0f}%"
+          f", eager at {gbs['eager'] / gbs['copy_'] * 100:.0f}%   ({load()})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--large", action="store_true", help="also run 4096x4096")
     ap.add_argument("--reps", type=int, default=20)
+    add_isa_argument(ap)
     args = ap.parse_args()
+    if rerun_per_isa(args.isa, sys.argv):
+        return
     print(machine.describe())
+    print(isa_line())
     print(f"lazy compiler={lazy.config.compiler}", file=sys.stderr)
     sizes = [16, 1024] + ([4096] if args.large else [])
     for n in sizes:
         run(n, args.reps * 10 if n <= 64 else args.reps if n < 4096 else max(3, args.reps // 5))
+    memory_bound(4096, max(5, args.reps // 2))
     fresh_process(16)
 
 

@@ -7,6 +7,7 @@ cached run alone (``Program.run`` on the graph's leaves, no recording or cache l
 
     python benchmarks/reductions.py                 # 1024x1024 and 4096x1024 float32
     python benchmarks/reductions.py --reps 50 --only softmax,sum0 --threads 1
+    python benchmarks/reductions.py --isa native,avx2     # once per instruction set (benchmarks/common.py)
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--only", default="", help="comma-separated workloads (default: all)")
     ap.add_argument("--threads", type=int, default=0, help="threads of eager, torch.compile and lazy's kernels "
                     "(default: torch's); 1 is the least disturbed by other load on a shared box")
+    add_isa_argument(ap)
     return ap
 
 
@@ -37,7 +39,7 @@ os.environ.setdefault("LAZY_COMPILER", "cpp")
 os.environ["LAZY_CACHE_DIR"] = tempfile.mkdtemp(prefix="lazy-bench-cache-")  # every graph really compiles
 import lazy  # noqa: E402
 import machine  # noqa: E402
-from lazy.cache import graph_cache  # noqa: E402
+from common import add_isa_argument, cached_run, isa_line, rerun_per_isa  # noqa: E402
 
 SIZES = ((1024, 1024), (4096, 1024))
 
@@ -72,29 +74,6 @@ def bench(fn, reps: int) -> float:
     return min(times)
 
 
-def cached_run(fn, args) -> tuple:
-    """(program, call): the compiled program of ``fn``'s graph and a call that runs it on the same leaves."""
-    lz = [a.to("lazy") for a in args]
-    lazy.mark_step()
-    y = fn(*lz)  # kept alive: mark_step syncs live tensors only
-    lazy.mark_step()
-    program = next(reversed(graph_cache._CACHE.values()))
-    seen = {}
-    run = program.run
-
-    def spy(leaves, scalars):
-        seen["args"] = (list(leaves), list(scalars))
-        return run(leaves, scalars)
-
-    program.run = spy  # NOTE: an instance attribute over the method, removed again below
-    y = fn(*lz)
-    lazy.mark_step()
-    del program.run
-    leaves, scalars = seen["args"]
-    torch.testing.assert_close(run(leaves, scalars)[0], y.cpu())
-    return program, lambda: run(leaves, scalars)
-
-
 def measure(name: str, shape: tuple, reps: int) -> tuple:
     fn = WORKLOADS[name]
     g = torch.Generator().manual_seed(0)
@@ -126,10 +105,13 @@ def measure(name: str, shape: tuple, reps: int) -> tuple:
 
 def main() -> None:
     args = ARGS
+    if rerun_per_isa(args.isa, sys.argv):
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     names = args.only.split(",") if args.only else list(WORKLOADS)
     print(machine.describe())
+    print(isa_line())
     print(f"lazy compiler={lazy.config.compiler}, fastest of {args.reps}", file=sys.stderr)
     print("| workload | shape | lazy step ms | lazy run ms | eager ms | compile ms | run/eager | run/compile "
           "| kernels+externs | load |")

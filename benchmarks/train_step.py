@@ -10,8 +10,13 @@ initial weights, so the final losses agree up to rounding (a sanity check printe
 is the median over --steps steps after --warmup steps, wall clock, each step ending in a sync:
 
 - eager:         plain PyTorch on the CPU.
-- lazy:          this project; lazy.mark_step() + lazy.wait_device_ops() per step. Compiles and graph-cache hits come
-                 from lazy.metrics.counters().
+- lazy:          this project; lazy.mark_step() per step, asynchronous execution on (the default: a step's program
+                 runs while the next step records; at most two programs in flight, so the median step is the
+                 steady-state cost). Compiles and graph-cache hits come from lazy.metrics.counters().
+- lazy-sync:     the same with LAZY_ASYNC=0: each step records, then runs its program (record + run, one after
+                 the other).
+- capture:       the whole step (forward, backward, optimizer) under @lazy.compile: captured at the first step,
+                 replayed from the second without recording.
 - torch.compile: torch.compile(model) with the default (inductor) backend; the optimizer step runs eagerly unless
                  --compile-optimizer. The first step (the compile) is reported separately; inductor's on-disk cache
                  makes it shorter on later runs.
@@ -36,7 +41,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from models import MODELS, batch, loss_fn  # noqa: E402
 
-BACKENDS = ("eager", "lazy", "compile", "ltc")
+BACKENDS = ("eager", "lazy", "lazy-sync", "capture", "compile", "ltc")
 RESULT_PREFIX = "RESULT "
 
 
@@ -46,8 +51,9 @@ def describe(e: Exception) -> str:
     return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
-def time_training(kind: str, device: str, sync, args, wrap=None, wrap_step=None) -> dict:
-    """Run warmup + timed steps of ``kind`` on ``device``; ``sync()`` ends each step.
+def time_training(kind: str, device: str, sync, args, wrap=None, wrap_step=None, compile_step=None) -> dict:
+    """Run warmup + timed steps of ``kind`` on ``device``; ``sync()`` ends each step; ``compile_step`` wraps the
+    whole step function.
 
     Returns the first step's time, the median steady-state step time (both in ms) and the final loss.
     """
@@ -56,15 +62,21 @@ def time_training(kind: str, device: str, sync, args, wrap=None, wrap_step=None)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     forward = wrap(model) if wrap else model
     opt_step = wrap_step(opt.step) if wrap_step else opt.step
+
+    def train_step(x, y):
+        loss = loss_fn(kind, forward(x.to(device)), y.to(device))
+        opt.zero_grad()
+        loss.backward()
+        opt_step()
+        return loss
+
+    step_fn = compile_step(train_step) if compile_step else train_step
     batches = [batch(kind, i, "cpu", size=args.size) for i in range(8)]
     times = []
     for step in range(args.warmup + args.steps):
         x, y = batches[step % len(batches)]
         start = time.perf_counter()
-        loss = loss_fn(kind, forward(x.to(device)), y.to(device))
-        opt.zero_grad()
-        loss.backward()
-        opt_step()
+        loss = step_fn(x, y)
         sync()
         times.append(time.perf_counter() - start)
     return {"first_ms": times[0] * 1e3, "ms": statistics.median(times[args.warmup:]) * 1e3,
@@ -75,18 +87,18 @@ def run_eager(kind: str, args) -> dict:
     return time_training(kind, "cpu", lambda: None, args)
 
 
-def run_lazy(kind: str, args) -> dict:
+def run_lazy(kind: str, args, asynchronous: bool = True, capture: bool = False) -> dict:
     import lazy
 
-    def sync() -> None:
-        lazy.mark_step()
-        lazy.wait_device_ops()
-
     lazy.metrics.reset()
-    result = time_training(kind, "lazy", sync, args)
+    with lazy.config.override(async_execution=asynchronous):
+        result = time_training(kind, "lazy", lazy.mark_step, args, compile_step=lazy.compile if capture else None)
+        lazy.wait_device_ops()
     counters = lazy.metrics.counters()
     result["compiles"] = int(counters.get("compiles", 0))
     result["hits"] = int(counters.get("graph_cache.hit", 0))
+    if capture:
+        result["replays"] = int(counters.get("capture.replays", 0))
     return result
 
 
@@ -148,17 +160,19 @@ def fmt_ratio(a: dict | None, b: dict | None, key: str = "ms") -> str:
 
 
 def print_report(results: dict, args) -> None:
-    for key, title in (("ms", "median"), ("min_ms", "fastest step (the better estimate on a shared machine)")):
+    ratios = [(a, b) for a in ("lazy", "lazy-sync", "capture") for b in ("eager", "compile") if a in args.backends
+              and b in args.backends]
+    for key, title in (("ms", "median ms per step"), ("min_ms", "fastest step, ms (the better estimate on a shared "
+                                                                  "machine)")):
         print(f"{title}:")
-        header = (f"{'model':8} {'eager ms':>9} {'lazy ms':>9} {'compile ms':>11} {'LTC ms':>9} "
-                  f"{'lazy/eager':>11} {'lazy/compile':>13} {'lazy/LTC':>9}")
+        header = f"{'model':8} " + " ".join(f"{b:>9}" for b in args.backends) + " " + \
+            " ".join(f"{a + '/' + b:>17}" for a, b in ratios)
         print(header)
         print("-" * len(header))
         for kind in args.models:
             r = results[kind]
-            e, lz, c, ltc = (r.get(b) for b in BACKENDS)
-            print(f"{kind:8} {fmt_ms(e, key):>9} {fmt_ms(lz, key):>9} {fmt_ms(c, key):>11} {fmt_ms(ltc, key):>9} "
-                  f"{fmt_ratio(lz, e, key):>11} {fmt_ratio(lz, c, key):>13} {fmt_ratio(lz, ltc, key):>9}")
+            print(f"{kind:8} " + " ".join(f"{fmt_ms(r.get(b), key):>9}" for b in args.backends) + " " +
+                  " ".join(f"{fmt_ratio(r.get(a), r.get(b), key):>17}" for a, b in ratios))
         print()
     print("first step (ms; includes tracing and compiling), compiles / cache hits, final loss:")
     errors = []
@@ -217,7 +231,9 @@ def main() -> None:
               f"(--threads 1 is steadier)")
     print(f"batch size {args.size}, AdamW, median of {args.steps} steps after {args.warmup} warmup steps\n")
     start = time.perf_counter()
-    runners = {"eager": run_eager, "lazy": run_lazy, "compile": run_compile}
+    runners = {"eager": run_eager, "lazy": run_lazy, "compile": run_compile,
+               "lazy-sync": lambda kind, args: run_lazy(kind, args, asynchronous=False),
+               "capture": lambda kind, args: run_lazy(kind, args, capture=True)}
     results = {kind: {} for kind in args.models}
     for kind in args.models:
         for backend in args.backends:

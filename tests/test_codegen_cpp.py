@@ -244,7 +244,7 @@ def _vectorized_lane_loops(source, tmp_path):
     from lazy.runtime import cpp as runtime
     path = tmp_path / "graph.cpp"
     path.write_text(source)
-    flags = [f for f in runtime.FLAGS if f != "-shared"]
+    flags = [f for f in runtime.flags() if f != "-shared"]
     out = subprocess.run(["g++", *flags, "-c", "-fopt-info-vec-optimized", "-o", str(tmp_path / "graph.o"), str(path)],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
@@ -288,3 +288,30 @@ def test_float_arithmetic_is_not_contracted_into_fma():
     got = ((x.to("lazy") * 1.01 + 0.1) * x.to("lazy") - 0.3 * x.to("lazy")).cpu()
     assert metrics.counter("kernels_launched") == 1
     assert torch.equal(got, want), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("shape", [(4, 1030), (40003,), (3, 256), (16, 16), (2, 8, 12)])
+def test_deep_chains_run_interleaved_copies_with_the_same_results(shape):
+    """Note [Interleaved copies]: the innermost loop of a long chain computes INTERLEAVE copies per iteration (with a
+    remainder loop where the extent is not a multiple; as the OpenMP loop of a 1-D kernel too), bit-identical to
+    the plain loop, which a short chain keeps."""
+    torch.manual_seed(0)
+    x = torch.randn(shape) * 4
+
+    def deep(t):
+        for _ in range(3):
+            t = (t * 1.01 + 0.1).sin().exp() - 1.5
+        return t
+
+    got = deep(x.to("lazy")).cpu()
+    src = graph_cache.latest().source
+    assert f"_{cpp.INTERLEAVE - 1} = " in src
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpp, "INTERLEAVE", 1)
+        lazy.cache.graph_cache._CACHE.clear()
+        plain = deep(x.to("lazy")).cpu()
+        assert "_1 = " not in graph_cache.latest().source
+    assert torch.equal(got, plain)
+    torch.testing.assert_close(got, deep(x), rtol=1e-5, atol=1e-5)
+    short = (x.to("lazy") * 2 + 1).cpu()
+    assert "_1 = " not in graph_cache.latest().source and torch.equal(short, x * 2 + 1)

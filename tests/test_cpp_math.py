@@ -81,7 +81,7 @@ def test_math_loops_vectorize(tmp_path):
              for t in ("float", "double") for n in fns if not (t == "double" and n in ("sin", "cos"))]
     src = tmp_path / "m.cpp"
     src.write_text(cpp.PRELUDE + "\n".join(loops) + "\n" + cpp_math.definitions("\n".join(loops)))
-    flags = [f for f in runtime.FLAGS if f != "-shared"]
+    flags = [f for f in runtime.flags() if f != "-shared"]
     out = subprocess.run(["g++", *flags, "-c", "-fopt-info-vec-optimized", "-o", str(tmp_path / "m.o"), str(src)],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
@@ -103,7 +103,7 @@ def test_two_over_pi_chunks_and_no_cmath():
 # ---- float32 sin/cos: vector variant and portable fallback (Note [Trig vector variant]) -------------------------
 
 _LOOPS = r"""
-extern "C" int lz_test_v16() { return LZ_TRIG_V16; }
+extern "C" int lz_test_width() { return LZ_TRIG_V; }
 extern "C" void lz_test_sin(const float* __restrict a, float* __restrict b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) b[i] = lz_sin(a[i]); }
 extern "C" void lz_test_cos(const float* __restrict a, float* __restrict b, int64_t n) {
@@ -113,22 +113,29 @@ extern "C" void lz_test_exp(const float* __restrict a, float* __restrict b, int6
 """
 
 
+# the builds: (lazy.config.cpu_isa, defines); 'avx2' is the AVX2 vector variant where the CPU has AVX2 (on an
+# AVX-512 machine too: Note [Kernel ISA])
+VARIANTS = {"vector": ("native", []), "portable": ("native", ["-DLZ_NO_TRIG_V"]), "avx2": ("avx2", [])}
+
+
 class MathLib:
-    """The prelude and loops over float32 sin, cos and exp compiled as the runtime compiles a graph (FLAGS), loaded
+    """The prelude and loops over float32 sin, cos and exp compiled as the runtime compiles a graph (flags()), loaded
     with ctypes."""
 
     def __init__(self, tmp_path, variant: str):
         src, self.path = tmp_path / f"{variant}.cpp", str(tmp_path / f"{variant}.so")
         src.write_text(cpp.PRELUDE + _LOOPS + cpp_math.definitions(_LOOPS))
-        defines = ["-DLZ_NO_TRIG_V16"] if variant == "portable" else []
-        out = subprocess.run(shlex.split(lazy.config.cxx) + list(runtime.FLAGS) + defines
+        isa, defines = VARIANTS[variant]
+        with lazy.config.override(cpu_isa=isa):
+            flags = runtime.flags()
+        out = subprocess.run(shlex.split(lazy.config.cxx) + flags + defines
                              + ["-fopt-info-vec-optimized", "-o", self.path, str(src)], capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
         loops = range(cpp.PRELUDE.count("\n") + 1, cpp.PRELUDE.count("\n") + _LOOPS.count("\n") + 1)
         self.vectorized_lines = {int(line.split(":")[1]) for line in out.stderr.splitlines()
                                  if "loop vectorized" in line and int(line.split(":")[1]) in loops}
         self.lib = ctypes.CDLL(self.path)
-        self.v16 = bool(self.lib.lz_test_v16())
+        self.width = self.lib.lz_test_width()  # lanes of the vector variant; 0: the portable definitions
 
     def __call__(self, name: str, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
@@ -141,7 +148,19 @@ class MathLib:
 @pytest.fixture(scope="module")
 def math_libs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("trig")
-    return {v: MathLib(tmp, v) for v in ("vector", "portable")}
+    libs = {}
+    for v in VARIANTS:
+        try:
+            libs[v] = MathLib(tmp, v)
+        except runtime.IsaError:  # a CPU without AVX2: that build cannot run here
+            pass
+    return libs
+
+
+def _lib(math_libs, variant):
+    if variant not in math_libs:
+        pytest.skip(f"this CPU cannot run the {variant!r} build")
+    return math_libs[variant]
 
 
 def _ordered(x: torch.Tensor) -> torch.Tensor:
@@ -177,26 +196,29 @@ def _small_and_mixed():
     return small, mixed, lanes
 
 
-@pytest.mark.parametrize("variant", ["vector", "portable"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("name", ["sin", "cos"])
 def test_trig_within_one_ulp(math_libs, variant, name):
-    """Both builds (the AVX-512 vector variant where the machine has it, and the portable definitions it replaces)
-    vectorize and give results within 1 ulp of the correctly rounded value, with NaN for +-inf/NaN and sin(+-0) = +-0,
-    over the sweep, the values around TRIG_FAST_BOUND and vectors mixing both paths."""
-    lib = math_libs[variant]
+    """Every build (the vector variant of the machine's widest vectors, the AVX2 one, and the portable definitions
+    they replace) vectorizes and gives results within 1 ulp of the correctly rounded value, with NaN for +-inf/NaN
+    and sin(+-0) = +-0, over the sweep, the values around TRIG_FAST_BOUND and vectors mixing both paths."""
+    lib = _lib(math_libs, variant)
     assert len(lib.vectorized_lines) == 3
     if variant == "portable":
-        assert not lib.v16
+        assert lib.width == 0
+    if variant == "avx2":
+        assert lib.width == 8
     small, mixed, _ = _small_and_mixed()
     x = torch.cat([_sweep(torch.float32), small, mixed])
     _assert_within_one_ulp(lib(name, x), x, name)
 
 
+@pytest.mark.parametrize("variant", ["vector", "avx2"])
 @pytest.mark.parametrize("name", ["sin", "cos"])
-def test_trig_lane_depends_on_its_value_only(math_libs, name):
+def test_trig_lane_depends_on_its_value_only(math_libs, variant, name):
     """A lane's result does not depend on which path the other lanes of its vector take, nor on whether it is
     computed by the vector variant or the scalar entry point (a loop's remainder)."""
-    lib = math_libs["vector"]
+    lib = _lib(math_libs, variant)
     small, mixed, lanes = _small_and_mixed()
     clean, dirty = lib(name, small), lib(name, mixed)
     keep = torch.ones(len(small), dtype=torch.bool)
@@ -217,19 +239,21 @@ def _assert_same(a: torch.Tensor, b: torch.Tensor):
     assert torch.equal(nan, b.isnan()) and torch.equal(a[~nan].view(torch.int32), b[~nan].view(torch.int32))
 
 
-def test_trig_vector_variant_is_the_clone_gcc_calls(math_libs):
+@pytest.mark.parametrize("variant", ["vector", "avx2"])
+def test_trig_vector_variant_is_the_clone_gcc_calls(math_libs, variant):
     """Under the project's flags the vectorized loops call exactly the vector variants defined in cpp_math.py (a
     clone of another ISA or length would be an undefined symbol), and the scalar entry points."""
-    lib = math_libs["vector"]
-    if not lib.v16:
-        pytest.skip("no AVX-512 (or not g++): the portable definitions are compiled, checked above")
+    lib = _lib(math_libs, variant)
+    if not lib.width:
+        pytest.skip("neither AVX-512 nor AVX2 (or not g++): the portable definitions are compiled, checked above")
     if not shutil.which("objdump"):
         pytest.skip("objdump not found")
     asm = subprocess.run(["objdump", "-d", lib.path], capture_output=True, text=True, check=True).stdout
     called = {line.split("<")[1].split(">")[0] for line in asm.splitlines() if "\tcall " in line and "<" in line}
     # the vector variants (main loops) and the scalar entry points (remainders)
+    clone = cpp_math.TRIG_CLONES[lib.width]
     assert {c for c in called if "lz_sin" in c or "lz_cos" in c} == {
-        "_ZGVeN16v__Z6lz_sinf", "_ZGVeN16v__Z6lz_cosf", "_Z6lz_sinf", "_Z6lz_cosf"}
+        f"{clone}_Z6lz_sinf", f"{clone}_Z6lz_cosf", "_Z6lz_sinf", "_Z6lz_cosf"}
 
 
 def test_trig_definitions_only_where_called():
@@ -251,12 +275,13 @@ def _every_float(lo: float, hi: float) -> torch.Tensor:
     return torch.arange(a, b + 1, dtype=torch.int32).view(torch.float32)
 
 
-def test_float32_exp_within_one_ulp(math_libs):
+@pytest.mark.parametrize("variant", ["vector", "avx2"])
+def test_float32_exp_within_one_ulp(math_libs, variant):
     """float32 exp is evaluated in float: within 1 ulp of the correctly rounded value over every 1021st float32 and
     every float32 around its thresholds (overflow at 88.72, subnormal results below -87.34, 0 below -103.97, and the
     selects at -104 and 100), with inf, 0 and NaN exactly where eager's are; the vector clone and the scalar entry
     point (calls of fewer than 16 values) give the same bits."""
-    lib = math_libs["vector"]
+    lib = _lib(math_libs, variant)
     fi = torch.finfo(torch.float32)
     special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), fi.max, -fi.max, fi.tiny, -fi.tiny,
                             1e-45, -1e-45, 1.0, -1.0], dtype=torch.float32)

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 import lazy
 from lazy.cache import graph_cache
+from lazy.codegen import cpp as cpp_renderer
 from lazy.debug import metrics
 
 
@@ -39,8 +40,10 @@ def test_200_op_chain_is_one_kernel_without_stored_intermediates():
     kernels, externs, program = run(chain, torch.randn(16, 16))
     assert (kernels, externs) == (1, 0)
     assert program.num_kernels == 1
-    stores = re.findall(r"\bb\d+\[[^\]]*\] = ", program.source)
-    assert len(stores) == 1  # only the output is stored: no fused intermediate touches memory
+    stores = re.findall(r"\b(b\d+)\[[^\]]*\] = ", program.source)
+    # only the output is stored (once per interleaved copy: Note [Interleaved copies] in codegen/cpp.py): no fused
+    # intermediate touches memory
+    assert len(set(stores)) == 1 and len(stores) in (1, cpp_renderer.INTERLEAVE)
 
 
 def test_softmax_and_layer_norm_kernel_counts():

@@ -19,7 +19,7 @@ ones (64-bit for double, 32-bit for float).
 - sin/cos of float32 reduce any argument exactly (Payne-Hanek with four 28-bit chunks of 2/pi picked by the
   exponent: every partial product is exact in double and reduced mod 4 exactly, the rest is a TwoSum; the
   truncation error is < 2^-58 absolute, far below the closest approach of a float32 to a multiple of pi/2).
-  With AVX-512, a vector of 16 takes that path only if some lane needs it (Note [Trig vector variant]).
+  With AVX-512 or AVX2, a vector takes that path only if some lane needs it (Note [Trig vector variant]).
 
 Polynomials are Taylor series (exact coefficients 1/n!, 1/(2k+1)) except erf's, which are Chebyshev fits
 (mpmath.chebyfit at 60 digits, relative error 4e-11 / 2.5e-10 for float32, 2.3e-16 / 4.4e-16 for float64), and
@@ -237,18 +237,21 @@ LZ_INL double lz_trig_fast_f(double x, const int64_t cosine) {{
 
 # Note [Trig vector variant]
 # An auto-vectorized body cannot branch per vector, so the branch-free float32 sin/cos (lz_trig_f) make every lane
-# pay the exact reduction. Where g++ targets AVX-512, lz_sin/lz_cos(float) are instead declared (not defined)
-# "declare simd simdlen(16)" and their vector variant is written here, under its x86-64 vector-function-ABI name
-# _ZGVeN16v_<mangled name>: all 16 lanes take the fast path (lz_trig_fast_f: pi/2 in two doubles, one polynomial;
-# NaN for inf and NaN), and the exact path runs only when some lane is finite with |x| >= TRIG_FAST_BOUND, for those
-# lanes only. So a lane's result depends on its value only, and the scalar entry point (loop remainders) computes
-# the same. Measured on 1 thread: 0.7 vs 2.0 ns per element on independent values, 1.4 vs 2.7 ns in a chain of
-# dependent sines (the pointwise chain's case: it waits on each call's latency); a vector with a large lane costs
-# ~3 ns. Accuracy: within 1 ulp of the correctly rounded value for every float32 (checked exhaustively against
+# pay the exact reduction. Where g++ targets AVX-512 or AVX2, lz_sin/lz_cos(float) are instead declared (not
+# defined) "declare simd simdlen(W)" (W = 16 floats in a zmm, 8 in a ymm) and their vector variant is written here,
+# under its x86-64 vector-function-ABI name (_ZGVeN16v_<mangled name> for AVX-512, _ZGVdN8v_<...> for AVX2): all W
+# lanes take the fast path (lz_trig_fast_f: pi/2 in two doubles, one polynomial; NaN for inf and NaN), and the exact
+# path runs only when some lane is finite with |x| >= TRIG_FAST_BOUND, for those lanes only. So a lane's result
+# depends on its value only, and the scalar entry point (loop remainders) computes the same. Measured on 1 thread
+# (AVX-512): 0.7 vs 2.0 ns per element on independent values, 1.4 vs 2.7 ns in a chain of dependent sines (the
+# pointwise chain's case: it waits on each call's latency); a vector with a large lane costs ~3 ns. With AVX2 the
+# exact path for every lane made the 200-op chain 4x slower than with AVX-512 (benchmarks/pointwise_chain.py
+# --isa). Accuracy: within 1 ulp of the correctly rounded value for every float32 (checked exhaustively against
 # libm's double sin/cos rounded once), not correctly rounded for 50 of the 2^33 (the exact path: ~1 in 10^8).
 # How it is wired:
-# - Under -mprefer-vector-width=512, g++ calls only the 'e' (AVX-512) clone of length 16: tests/test_cpp_math.py
-#   checks the calls of a compiled loop. (With 256-bit vectors it would find no usable clone and call the scalar.)
+# - Under -mprefer-vector-width=512, g++ calls only the 'e' (AVX-512) clone of length 16; with AVX2 (256-bit
+#   vectors, 8 floats) only the 'd' clone of length 8: tests/test_cpp_math.py checks the calls of a compiled loop
+#   for both. (A simdlen that does not divide the loop's vectorization factor would find no usable clone.)
 # - The declaration is ``const`` (no memory touched), else the vectorizer assumes the call clobbers memory.
 # - A definition carrying the pragma would make g++ emit clones of its own under the same names, so the scalar is
 #   lz_<name>_1, bound to the declared symbol by an assembler .set (hidden: nothing is exported).
@@ -256,39 +259,43 @@ LZ_INL double lz_trig_fast_f(double x, const int64_t cosine) {{
 #   would be compiled into every unit: definitions() appends them after the kernels, only where these call them.
 #   The compile work of the pointwise chain's unit is unchanged (1.057 vs 1.059 G instructions in cc1plus); the
 #   exact paths are shared by sin and cos.
-# - Elsewhere (other ISAs, clang, no OpenMP, or -DLZ_NO_TRIG_V16) the branch-free definitions are compiled.
+# - Elsewhere (other ISAs, clang, no OpenMP, or -DLZ_NO_TRIG_V) the branch-free definitions are compiled.
 # - TRIG_FAST_BOUND = 2^24: below it m = rint(x/pi - c/2) fits easily, x - 2m P1 is exact and the rest of pi/2
 #   (|pi/2 - P1 - P2| < 2^-108) adds < 2^-83 absolute, far below the closest approach of a float32 to a multiple of
 #   pi/2 (the same argument holds to ~2^32: 2^24 leaves margin, and larger values are rare in practice).
 # The exact paths, shared by sin and cos (compiled once: they are most of the code), and the entry points.
 _TRIG_EXACT = r"""
 static __attribute__((noinline)) float lz_trig_exact_1(float x, int64_t cosine) { return (float)lz_trig_f(x, cosine); }
-static __attribute__((noinline)) lz_v16sf lz_trig_exact_16(lz_v16sf v, lz_v16sf o, int64_t cosine) {
+static __attribute__((noinline)) lz_vsf lz_trig_exact_v(lz_vsf v, lz_vsf o, int64_t cosine) {
 #pragma omp simd
-  for (int i = 0; i < 16; ++i) o[i] = lz_trig_large(v[i]) ? (float)lz_trig_f(v[i], cosine) : o[i];
+  for (int i = 0; i < LZ_TRIG_V; ++i) o[i] = lz_trig_large(v[i]) ? (float)lz_trig_f(v[i], cosine) : o[i];
   return o;
 }
 """
-_TRIG_V16 = r"""
+_TRIG_SCALAR = r"""
 extern "C" __attribute__((noinline, used, visibility("hidden"))) float lz_{N}_1(float x) {{
   const float y = lz_trig_large(x) ? lz_trig_exact_1(x, {C}) : (float)lz_trig_fast_f(x, {C});
   return {ZERO}y;
 }}
-// NOTE: lanes are read and written as v[i], not through float[16] copies: g++ spills those to the stack, and the
-// failed store forwarding serializes consecutive calls (measured 2.0 vs 0.7 ns per element).
-extern "C" __attribute__((noinline, used, visibility("hidden"))) lz_v16sf _ZGVeN16v__Z6lz_{N}f(lz_v16sf v) {{
-  lz_v16sf o;
+__asm__(".globl _Z6lz_{N}f\n\t.hidden _Z6lz_{N}f\n\t.set _Z6lz_{N}f, lz_{N}_1");
+"""
+# NOTE: lanes are read and written as v[i], not through float[W] copies: g++ spills those to the stack, and the
+# failed store forwarding serializes consecutive calls (measured 2.0 vs 0.7 ns per element).
+_TRIG_VECTOR = r"""
+extern "C" __attribute__((noinline, used, visibility("hidden"))) lz_vsf {CLONE}_Z6lz_{N}f(lz_vsf v) {{
+  lz_vsf o;
   int large = 0;
 #pragma omp simd reduction(|:large)
-  for (int i = 0; i < 16; ++i) {{
+  for (int i = 0; i < LZ_TRIG_V; ++i) {{
     const float x = v[i], y = (float)lz_trig_fast_f(x, {C});
     o[i] = {ZERO}y;
     large |= lz_trig_large(x);
   }}
-  return __builtin_expect(large, 0) ? lz_trig_exact_16(v, o, {C}) : o;
+  return __builtin_expect(large, 0) ? lz_trig_exact_v(v, o, {C}) : o;
 }}
-__asm__(".globl _Z6lz_{N}f\n\t.hidden _Z6lz_{N}f\n\t.set _Z6lz_{N}f, lz_{N}_1");
 """
+# the vector-function-ABI prefix of each width's clone: 'e' AVX-512 (zmm), 'd' AVX2 (ymm), unmasked, one vector arg
+TRIG_CLONES = {16: "_ZGVeN16v_", 8: "_ZGVdN8v_"}
 
 
 def definitions(kernels: str) -> str:
@@ -297,21 +304,28 @@ def definitions(kernels: str) -> str:
     used = [(n, c, z) for n, c, z in (("sin", 0, "x == 0.0f ? x : "), ("cos", 1, "")) if f"lz_{n}(" in kernels]
     if not used:
         return ""
-    return ("#if LZ_TRIG_V16" + _TRIG_EXACT + "".join(_TRIG_V16.format(N=n, C=c, ZERO=z) for n, c, z in used)
-            + "#endif\n")
+    text = "#if LZ_TRIG_V" + _TRIG_EXACT + "".join(_TRIG_SCALAR.format(N=n, C=c, ZERO=z) for n, c, z in used)
+    for i, (width, clone) in enumerate(TRIG_CLONES.items()):
+        text += f"#{'el' if i else ''}if LZ_TRIG_V == {width}"
+        text += "".join(_TRIG_VECTOR.format(N=n, C=c, ZERO=z, CLONE=clone) for n, c, z in used)
+    return text + "#endif\n#endif\n"
 
 
 _TRIG_GUARD = r"""
-#if defined(__x86_64__) && defined(__AVX512F__) && defined(__FMA__) && defined(__ELF__) && defined(_OPENMP) \
-    && defined(__GNUC__) && !defined(__clang__) && !defined(LZ_NO_TRIG_V16)
-#define LZ_TRIG_V16 1
-typedef float lz_v16sf __attribute__((vector_size(64)));
+#if defined(__x86_64__) && (defined(__AVX512F__) || defined(__AVX2__)) && defined(__FMA__) && defined(__ELF__) \
+    && defined(_OPENMP) && defined(__GNUC__) && !defined(__clang__) && !defined(LZ_NO_TRIG_V)
+#ifdef __AVX512F__
+#define LZ_TRIG_V 16
+#else
+#define LZ_TRIG_V 8
+#endif
+typedef float lz_vsf __attribute__((vector_size(LZ_TRIG_V * 4)));
 LZ_INL bool lz_trig_large(float x) {  // finite and |x| >= TRIG_FAST_BOUND: the exact path's values
   const float ax = __builtin_fabsf(x);
   return ax >= {BOUND} && ax <= 0x1.fffffep127f;
 }
 #else
-#define LZ_TRIG_V16 0
+#define LZ_TRIG_V 0
 #endif
 """
 
@@ -323,10 +337,16 @@ LZ_INL bool lz_trig_large(float x) {  // finite and |x| >= TRIG_FAST_BOUND: the 
 VECTORIZED = ("exp", "expm1", "log", "log1p", "tanh", "erf")
 FLOAT_BODIES = {"exp": "lz_exp_f32(x)"}  # float32 entry points evaluated in float (Note [Float32 exp])
 _TRIG_ENTRIES = r"""
-#if LZ_TRIG_V16
+#if LZ_TRIG_V == 16
 #pragma omp declare simd simdlen(16) notinbranch
 __attribute__((const, visibility("hidden"))) float lz_sin(float x);
 #pragma omp declare simd simdlen(16) notinbranch
+__attribute__((const, visibility("hidden"))) float lz_cos(float x);
+// defined after the kernels that call them: definitions()
+#elif LZ_TRIG_V == 8
+#pragma omp declare simd simdlen(8) notinbranch
+__attribute__((const, visibility("hidden"))) float lz_sin(float x);
+#pragma omp declare simd simdlen(8) notinbranch
 __attribute__((const, visibility("hidden"))) float lz_cos(float x);
 // defined after the kernels that call them: definitions()
 #else

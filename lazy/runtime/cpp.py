@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 import shlex
 import subprocess
 import tempfile
@@ -29,13 +28,13 @@ from ..ir.graph import Linearized, format_graph
 from ..ir.node import DATA
 from ..lower import Extern, lower
 from ..schedule import Kernel, format_schedule, schedule
+from .cpp_isa import IsaError, target, target_isa  # noqa: F401 -- benchmarks/machine.py reports target_isa
 from .reference import EXEC_OVERRIDES, _direct, _fill, eager_dispatch
 from .reference import Program as ReferenceProgram
 from .reference import _plan as _plan_args
 
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-fno-trapping-math",
-         "-fwrapv", "-ffp-contract=off") + (("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64")
-                                            else ())
+FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-fno-trapping-math", "-fwrapv",
+         "-ffp-contract=off")
 # NOTE: no -ffast-math: results must match eager (NaN/inf semantics, no reassociation). -fno-math-errno only lets
 # sqrt & co. compile to instructions instead of libm calls that set errno; values are unchanged. -fwrapv: signed
 # integer overflow wraps, as eager's does (int64 mul, int32 add, abs/neg of INT_MIN), instead of being UB.
@@ -43,8 +42,8 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "
 # once), even in ISO mode; the math functions of cpp_math.py ask for their FMAs explicitly (__builtin_fma).
 # -fno-trapping-math only gives up the floating-point exception *flags* (nothing reads them; values, NaN/inf and
 # signed zeros are unchanged); without it g++ will not if-convert selects or vectorize floor/ceil, so the math of
-# cpp_math.py would stay scalar. -mprefer-vector-width=512: where AVX-512 exists, the kernels (compute-bound math)
-# use 16-float vectors: the 200-op chain at 1024^2 runs in 183 ms instead of 328 ms (measured under load ~3.5).
+# cpp_math.py would stay scalar. The -march/-m flags come from lazy.config.cpu_isa: flags() (Note [Kernel ISA] in
+# cpp_isa.py).
 
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
 _SEGMENT, _EXTERN = "seg", "extern"
@@ -67,13 +66,18 @@ class CompileError(RuntimeError):
     pass
 
 
+def flags() -> List[str]:
+    """The compiler flags of a kernel build under the current configuration: FLAGS and those of ``cpu_isa``."""
+    return list(FLAGS) + list(target().flags)
+
+
 def _build(source: str) -> str:
     """Compile ``source`` into a shared library in a private temp dir; returns its path."""
     tmp = tempfile.mkdtemp(prefix="lazy-cpp-")
     src, so = os.path.join(tmp, "graph.cpp"), os.path.join(tmp, "graph.so")
     with open(src, "w") as f:
         f.write(source)
-    cmd = shlex.split(config.cxx) + list(FLAGS) + ["-o", so, src]
+    cmd = shlex.split(config.cxx) + flags() + ["-o", so, src]
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -105,7 +109,7 @@ class Program:
         self.num_kernels = len(sched.kernels)
         self.num_externs = sum(isinstance(s, Extern) for s in sched.steps)
         self.externs_by_op = dict(lowered.externs_by_op)
-        key = disk.graph_digest(lin, "cpp", config.cxx, " ".join(FLAGS))
+        key = disk.graph_digest(lin, "cpp", config.cxx, " ".join(flags()), target().key())
         self.lib = self._load(key, source) if segments else None
         self._plan(lowered, sched, segments)
         metrics.bump("kernels_compiled", self.num_kernels)
@@ -279,7 +283,7 @@ def _arena_layout(bufs: List[Any], defined: Dict[int, int], last_use: Dict[int, 
         nbytes = -(-max(_nbytes(b), 1) // _ALIGN) * _ALIGN
         first = defined[b.id]
         last = max(last_use.get(b.id, first), first)
-        busy = sorted((o, e) for o, e, f, l in placed if not (l < first or last < f))
+        busy = sorted((o, e) for o, e, f, end in placed if not (end < first or last < f))
         off = 0
         for o, e in busy:
             if off + nbytes <= o:

@@ -24,6 +24,7 @@ from ..ir.node import DATA, Node, data_leaf
 from ..runtime.reference import run_node
 from ..trace import record
 from ..trace.views import value
+from . import launch
 
 __all__ = ["ImplicitSyncError", "backing_device", "data_of", "mark_step", "materialize", "sync_nodes",
            "sync_tensors", "wait_device_ops"]
@@ -52,7 +53,7 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
     pending = [st for st in storages if st.value.op is not DATA]
     if all(r.op is DATA for r in roots) and not pending:
         SYNC_LOG.append(SyncRecord(cause, where, 0, None))
-        return [r.data for r in roots]
+        return [launch.ready(r.data) for r in roots]
     lin = linearize(list(roots) + [st.value for st in pending])
     chosen = set(map(id, pending))
     others = [st for st in pending_storages() if id(st) not in chosen]  # none at a mark_step
@@ -65,13 +66,27 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
     try:
         for hook in BEFORE_RUN:
             hook(lin, hit)
-        outs = program.run(lin.leaves, lin.scalars)
     except Exception:
-        # Eager would have raised at the op; here the graph raised. Its values stay IR (using them raises again),
-        # but later mark_steps skip them, so one failed graph does not make every later step fail.
         for st in pending:
             st.failed = st.value
         raise
+    # Note [Asynchronous execution] (sync/launch.py): a sync that returns no data launches and returns
+    strides = launch.layout_known(program) if not roots and config.async_execution else None
+    if strides is not None and record.CAPTURE is None:
+        launch.check_leaves(lin.leaves)
+        outs = launch.launch(program, lin.leaves, lin.scalars, [st.value for st in pending], strides,
+                             [(st, st.value) for st in pending], where, device)
+    else:
+        launch.ready_all(lin.leaves)
+        try:
+            outs = program.run(lin.leaves, lin.scalars)
+        except Exception:
+            # Eager would have raised at the op; here the graph raised. Its values stay IR (using them raises
+            # again), but later mark_steps skip them, so one failed graph does not make every later step fail.
+            for st in pending:
+                st.failed = st.value
+            raise
+        launch.remember_layout(program, outs, lin.order)
     for st, out in zip(pending, outs[len(roots):]):
         st.value = data_leaf(out)
         st.version += 1
@@ -98,7 +113,7 @@ def data_of(t: LazyTensor, cause: str) -> torch.Tensor:
 
 def _count(node: Node, cause: str) -> torch.Tensor:
     metrics.bump(f"sync.{cause}")
-    return node.data
+    return launch.ready(node.data)
 
 
 def materialize(t: LazyTensor, cause: str) -> torch.Tensor:
@@ -131,7 +146,9 @@ def mark_step() -> None:
 
 
 def wait_device_ops() -> None:
-    """Block until every launched graph has finished (execution is synchronous for now; CUDA is synchronized)."""
+    """Block until every launched graph has finished (Note [Asynchronous execution]); on cuda, until the device
+    has run what they enqueued. Raises the error of a launched graph that failed."""
+    launch.wait_all()
     if backing_device().type == "cuda":
         torch.cuda.synchronize(backing_device())
 

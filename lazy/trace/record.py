@@ -17,13 +17,13 @@ from .. import _C
 from ..config import config
 from ..debug import metrics
 from ..debug.log import log
-from ..device.backing import backing_device, eager_dispatch
+from ..device.backing import backing_device
 from ..device.tensor import LAZY_DEVICE, LazyTensor, Storage, adopt, new_tensor, wrap
 from ..ir.layout import contiguous_stride, non_overlapping_and_dense, storage_numel
 from ..ir.node import DEVICE, GENERATOR, GETITEM, SCALAR_MARKERS, TENSOR, Node, data_leaf, getitem
 from ..ir.ops import SEED_KWARG, functionalized, seeded
 from . import views
-from .meta import MEMO, Out, Unrecordable, UnsupportedLayout, infer
+from .meta import MEMO, Out, Unrecordable, infer
 from .schema import RUNTIME_MEMO_VALUE, STATIC, OpDesc, describe
 
 aten = torch.ops.aten
