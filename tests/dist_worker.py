@@ -103,7 +103,7 @@ GRADIENT_FREE = {"gpt": {"blocks.0.qkv.bias": slice(16, 32)}}
 def check_training(kind: str, opt_name: str, how: str) -> torch.nn.Module:
     want_losses, want_state = reference(kind, opt_name)
     got_losses, model = data_parallel(kind, opt_name, how)
-    torch.testing.assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=1e-4, atol=1e-5)
     free = GRADIENT_FREE.get(kind, {}) if opt_name == "adamw" else {}
     for name, value in model.state_dict().items():
         got, want = value.cpu(), want_state[name]
@@ -190,26 +190,35 @@ def scenario_faults() -> None:
         passed("mismatch")
     else:
         raise AssertionError("different collectives were not caught")
-    # 2. a rank that dies: the others fail with a clear error within the timeout (in a step whose graph has run
-    # before, so the collective itself fails, not the check of a new graph)
-    for step in range(2):
+    # 2. a rank that dies: the others fail with a clear error within the timeout, in a step whose graph has run
+    # before (so the collective itself fails, not the check of a new graph), launched asynchronously or not
+    for step in range(4):
         y = torch.ones(3, device="lazy")
         dist.all_reduce(y)
-        if step == 1 and RANK == 1:
+        if step == 3 and RANK == 1:
             os._exit(3)
-        if step == 0:
+        if step < 3:
             lazy.mark_step()
+            y.cpu()
     start = time.perf_counter()
-    try:
-        lazy.mark_step()
-    except ld.CollectiveError as error:
-        elapsed = time.perf_counter() - start
-        assert elapsed < float(os.environ["LAZY_DIST_TIMEOUT"]) + 5, elapsed
-        print(f"error after {elapsed:.1f} s: {error}", flush=True)
-        passed("dead rank")
-    else:
-        raise AssertionError("a dead rank was not noticed")
+    expect_collective_error(lambda: (lazy.mark_step(), lazy.wait_device_ops()), start, "dead rank")
     os._exit(0)  # the group is broken: no destroy_process_group
+
+
+def expect_collective_error(fn, start: float, what: str) -> None:
+    """``fn`` raises the CollectiveError of a failed collective: at the sync, or at the next wait when the step was
+    launched asynchronously (then as the cause of lazy's StepFailed)."""
+    try:
+        fn()
+    except Exception as error:  # noqa: BLE001 -- checked below
+        cause = error if isinstance(error, ld.CollectiveError) else error.__cause__
+        assert isinstance(cause, ld.CollectiveError), repr(error)
+        elapsed = time.perf_counter() - start
+        assert elapsed < float(os.environ["LAZY_DIST_TIMEOUT"]) * 2 + 5, elapsed
+        print(f"error after {elapsed:.1f} s: {error}", flush=True)
+        passed(what)
+    else:
+        raise AssertionError(f"{what}: no error")
 
 
 def scenario_hung() -> None:
@@ -220,13 +229,7 @@ def scenario_hung() -> None:
         time.sleep(float(os.environ["LAZY_DIST_TIMEOUT"]) * 3)  # alive but never joins the collective
         os._exit(0)
     start = time.perf_counter()
-    try:
-        lazy.mark_step()
-    except ld.CollectiveError as error:
-        elapsed = time.perf_counter() - start
-        assert elapsed < float(os.environ["LAZY_DIST_TIMEOUT"]) * 2 + 5, elapsed
-        print(f"error after {elapsed:.1f} s: {error}", flush=True)
-        passed("hung rank")
+    expect_collective_error(lambda: (lazy.mark_step(), lazy.wait_device_ops()), start, "hung rank")
     os._exit(0)
 
 

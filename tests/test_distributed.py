@@ -69,11 +69,12 @@ def test_collectives_chain_in_recorded_order(one_rank):
     dist.all_reduce(a)
     dist.broadcast(b, src=0)
     first, second = a._lz_st.value, b._lz_st.value
-    assert len(first.inputs) == 1 and second.inputs[1] is first  # Note [Collectives run in recorded order]
+    assert second.inputs[1] is first  # Note [Collectives run in recorded order]
     lazy.mark_step()
+    last = collectives._LAST[0]._lz_st.value  # the broadcast's result, computed (it may still be in flight)
     c = torch.ones(2, device=L)
     dist.all_reduce(c)
-    assert len(c._lz_st.value.inputs) == 1  # the earlier ones ran: nothing to wait for
+    assert last.is_data and c._lz_st.value.inputs[1] is last
     lazy.mark_step()
 
 
@@ -89,7 +90,9 @@ def test_graph_key_includes_collectives(one_rank):
         lazy.mark_step()
         return x.cpu()
 
-    graph_cache.clear()
+    step("sum")  # the previous collective (the token of the next: Note [Collectives run in recorded order]) of
+    graph_cache.clear()  # every step below is then a float32[4]
+    metrics.reset()
     for kind in ("sum", "max", "broadcast", "sum"):
         assert step(kind).tolist() == [3.0] * 4
     assert metrics.counter("compiles") == 3 and metrics.counter("graph_cache.hit") == 1

@@ -38,6 +38,9 @@ def _create(opts: Any, backend_options: Any) -> ProcessGroup:
     pg._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, gloo)
     device = backing_device()
     if device.type == "cuda":
+        if not dist.is_nccl_available():
+            raise RuntimeError("lazy.distributed: the backing device is cuda, and this torch has no NCCL; use a "
+                               "torch built with NCCL, or LAZY_BACKING_DEVICE=cpu (gloo)")
         nccl_opts = dist.ProcessGroupNCCL.Options()
         nccl_opts._timeout = timeout
         nccl_opts.is_high_priority_stream = False

@@ -21,6 +21,7 @@ import torch
 
 from ..debug import metrics
 from ..device.backing import backing_device, eager_dispatch
+from ..sync import launch
 from . import collectives as C
 
 # hash of a graph key -> the graph's collective sequence (empty for a graph without collectives). NOTE: the hash, not
@@ -47,6 +48,8 @@ def before_run(lin: Any, hit: bool) -> None:
         for key in [k for k, v in _SEEN.items() if not v]:
             del _SEEN[key]
     if seq:
+        # the exchange is a collective of the calling thread: programs launched before must have run theirs
+        launch.wait_all()
         groups: List[str] = []
         for n in nodes:
             group = dict(n.kwargs)["group"]

@@ -12,6 +12,10 @@ collective node takes the previous pending collective's result as an extra input
 collectives), so every topological order of a graph, on every executor, runs them in the order they were
 recorded, whatever else the graph holds. The newest result is kept alive (``_LAST``), so a collective whose own
 result is dropped still runs at the next ``mark_step``, on every rank alike, instead of silently on some ranks only.
+Once that result is computed it is still the token, as a data leaf: with asynchronous execution (Note [Asynchronous
+execution] in lazy/sync/launch.py) it may be the output of a program still running on the worker thread, and a
+graph that reads it waits for that program before it runs on the calling thread. So collectives never run on two
+threads at once, where the ranks could interleave them differently.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from ..device.tensor import LazyTensor, new_tensor
 from ..ir.layout import contiguous_stride
-from ..ir.node import DATA, TENSOR, Node, Op, getitem
+from ..ir.node import TENSOR, Node, Op, getitem
 from ..trace import record
 
 aten = torch.ops.aten
@@ -80,9 +84,13 @@ def _wait(work: Any, what: str, group: str) -> None:
     try:
         work.wait()
     except Exception as error:  # noqa: BLE001 -- whatever the backend raises, it is reported with its context
-        pg = resolve_group(group)
+        try:
+            pg = resolve_group(group)
+            where = f"rank {pg.rank()} of {pg.size()}"
+        except Exception:  # noqa: BLE001 -- a group destroyed meanwhile: report the failure without its ranks
+            where = "destroyed since"
         raise CollectiveError(
-            f"lazy.distributed: {what} on process group {group!r} (rank {pg.rank()} of {pg.size()}) failed at the "
+            f"lazy.distributed: {what} on process group {group!r} ({where}) failed at the "
             f"sync: {error}. Another rank probably died, raised, or ran different collectives; the wait is bounded "
             "by the process group's timeout (init_process_group(timeout=...))") from error
 
@@ -173,8 +181,8 @@ def _token() -> Optional[Node]:
     if last is None:
         return None
     value = last._lz_st.value
-    # ran already, or its graph failed (a failed graph's collectives never run: chaining on one would run it again)
-    return None if value.op is DATA or value is last._lz_st.failed else value
+    # a failed graph's collectives never run: chaining on one would run it again
+    return None if value is last._lz_st.failed else value
 
 
 def check_lazy(x: Any, what: str) -> LazyTensor:
