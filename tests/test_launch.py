@@ -83,6 +83,9 @@ def test_training_with_asynchronous_steps_equals_eager():
         torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.skipif(lazy.config.backing_device.startswith("cuda"),
+                    reason="an index out of range is a device-side assert on cuda, fatal to the process's CUDA "
+                           "context, as in eager")
 def test_an_asynchronous_failure_surfaces_once_and_poisons_what_read_it():
     table = torch.randn(4, 3).to(L)
     with lazy.config.override(compiler="reference"):
