@@ -276,3 +276,29 @@ def test_few_long_rows_are_split_reductions(monkeypatch):
     assert len(parts) >= 2 and "outer[k0_s<17]" in program.kernel_ir  # x.sum(): 17 chunks of one row ...
     assert "stage sum over [17]" in program.kernel_ir  # ... then their partials
     assert "stage sum over [4200]" in program.kernel_ir  # x.var(1): a stage reading another is not split
+
+
+def test_compile_workers_never_run_the_users_script(tmp_path):
+    """Note [Workers never run the user's script]: a script without the ``__main__`` guard starts the pool once and
+    its top level runs once (spawned workers would otherwise import it again, and fail to start)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    marker = tmp_path / "runs"
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import concurrent.futures, multiprocessing, os
+        from lazy.runtime import triton_build
+        with open({str(marker)!r}, "a") as f:
+            f.write("run\\n")
+        pool = concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"))
+        with triton_build._main_hidden():
+            futures = [pool.submit(os.getpid) for _ in range(4)]
+        print(len({{f.result() for f in futures}}) >= 1)
+        pool.shutdown()
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "True"
+    assert marker.read_text().count("run") == 1

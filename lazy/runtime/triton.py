@@ -193,6 +193,8 @@ class Program:
         metrics.bump("executed_graphs")
         metrics.bump("executed_nodes", self.num_nodes)
         metrics.bump("kernels_launched", launched)
+        if not aligned:
+            metrics.bump("triton.unaligned_runs")  # launched through Triton's own (slower) launch path
         return [values[i] for i in self.output_ids]
 
 

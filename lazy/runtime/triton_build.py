@@ -16,7 +16,9 @@ directories are removed and the kernels compile again.
 """
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -26,7 +28,8 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Sequence
+import types
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from ..cache import disk
 from ..config import config
@@ -134,14 +137,55 @@ def _worker(path: str, launches: Sequence[Any], dtypes: Dict[int, Any], cache: s
     return time.perf_counter() - start
 
 
-def submit(path: str, launches: Sequence[Any], dtypes: Dict[int, Any]) -> concurrent.futures.Future:
-    """Compile the module's kernels in the worker pool (Note [Triton compiles])."""
+class Compiles:
+    """The compiles of one module's kernels, spread over the pool's workers: done when every share is."""
+
+    def __init__(self, futures: List[concurrent.futures.Future]) -> None:
+        self.futures = futures
+
+    def done(self) -> bool:
+        return all(f.done() for f in self.futures)
+
+    def result(self) -> float:
+        """Seconds of compiling, summed over the workers; raises a worker's error."""
+        return sum(f.result() for f in self.futures)
+
+
+def submit(path: str, launches: Sequence[Any], dtypes: Dict[int, Any]) -> Compiles:
+    """Compile the module's kernels in the worker pool (Note [Triton compiles]), its kernels dealt round-robin to
+    the workers, so a graph of many kernels compiles in parallel."""
     global _POOL
+    workers = max(1, config.triton_workers)
     if _POOL is None:
-        _POOL = concurrent.futures.ProcessPoolExecutor(max_workers=max(1, config.triton_workers),
+        _POOL = concurrent.futures.ProcessPoolExecutor(max_workers=workers,
                                                        mp_context=multiprocessing.get_context("spawn"))
+        atexit.register(_shutdown)
     metrics.bump("triton.compiles", len(launches))
-    return _POOL.submit(_worker, path, list(launches), dict(dtypes), os.environ["TRITON_CACHE_DIR"])
+    shares = [list(launches[i::workers]) for i in range(min(workers, len(launches)))]
+    with _main_hidden():  # a submit may start workers
+        return Compiles([_POOL.submit(_worker, path, share, dict(dtypes), os.environ["TRITON_CACHE_DIR"])
+                         for share in shares])
+
+
+@contextlib.contextmanager
+def _main_hidden() -> Iterator[None]:
+    """Note [Workers never run the user's script]: a spawned worker re-imports the parent's ``__main__`` module by
+    its path, which runs a training script's top level again in every worker (and fails in one that lacks the
+    ``if __name__ == "__main__"`` guard). The workers need nothing of it, so while they start, ``__main__`` is an
+    empty module: multiprocessing finds no path or name to import."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
+
+
+def _shutdown() -> None:
+    """At exit, before the interpreter tears down the modules the pool's manager thread needs."""
+    if _POOL is not None:
+        _POOL.shutdown(wait=False, cancel_futures=True)
 
 
 # ---- the record of compiled kernels (Note [Triton compiles]) ---------------------------------------------------
