@@ -12,6 +12,13 @@ from lazy.sync.launch import StepFailed
 L = "lazy"
 
 
+@pytest.fixture(autouse=True)
+def asynchronous():
+    """Asynchronous execution on whatever the backing device (its default, 'auto', is on only on the cpu)."""
+    with lazy.config.override(async_execution=True):
+        yield
+
+
 def _steps(n, fn, x):
     outs = []
     for _ in range(n):
@@ -104,6 +111,7 @@ def test_an_asynchronous_failure_surfaces_once_and_poisons_what_read_it():
         z = table * 2  # later steps work
         lazy.mark_step()
         torch.testing.assert_close(z.cpu(), table.cpu() * 2)
+    del y, info  # the failed value, and the traceback holding this frame: later tests count live storages
 
 
 def test_seeded_ops_run_on_the_calling_thread():
