@@ -28,6 +28,7 @@ from ..ir.graph import Linearized, format_graph
 from ..ir.node import DATA
 from ..lower import Extern, lower
 from ..schedule import Kernel, format_schedule, schedule
+from . import pages
 from .cpp_isa import IsaError, target, target_isa  # noqa: F401 -- benchmarks/machine.py reports target_isa
 from .reference import EXEC_OVERRIDES, _direct, _fill, eager_dispatch
 from .reference import Program as ReferenceProgram
@@ -232,7 +233,7 @@ class Program:
                 if step[0] is _SEGMENT:
                     _, label, fn, allocs, frees, count, names = step
                     for i, shape, dtype in allocs:
-                        t = torch.empty(shape, dtype=dtype)
+                        t = pages.empty(shape, dtype)  # Note [Huge pages for large outputs]
                         values[i] = t
                         ptrs[i] = t.data_ptr()
                     if timer is not None:
