@@ -28,7 +28,7 @@ os.environ.setdefault("LAZY_COMPILER", "cpp")
 os.environ["LAZY_CACHE_DIR"] = tempfile.mkdtemp(prefix="lazy-bench-cache-")  # first compile really compiles
 import lazy  # noqa: E402
 import machine  # noqa: E402
-from common import add_isa_argument, cached_run, isa_line, rerun_per_isa  # noqa: E402
+from common import add_isa_argument, cached_run, isa_line, rerun_per_isa, restrict_inductor  # noqa: E402
 from lazy.cache import graph_cache  # noqa: E402
 
 OPS = (lambda t: t * 1.01, lambda t: t + 0.1, lambda t: t.sin(), lambda t: t.relu(), lambda t: t - 0.05)
@@ -110,7 +110,7 @@ def run(n: int, reps: int) -> None:
     program = graph_cache.latest()
     compiled = torch.compile(chain)
     t = time.perf_counter()
-    compiled(x)
+    torch.testing.assert_close(compiled(x), chain(x), rtol=1e-4, atol=1e-4)
     tc_first = time.perf_counter() - t
     _, kernel_run = cached_run(chain, (x,))
     for f in (lazy_step, kernel_run, lambda: chain(x), lambda: compiled(x)):
@@ -170,6 +170,7 @@ def main() -> None:
     args = ap.parse_args()
     if rerun_per_isa(args.isa, sys.argv):
         return
+    restrict_inductor()
     print(machine.describe())
     print(isa_line())
     print(f"lazy compiler={lazy.config.compiler}", file=sys.stderr)
