@@ -149,17 +149,17 @@ def memory_bound(n: int, reps: int) -> None:
 
     compiled = torch.compile(fn)
     torch.testing.assert_close(compiled(x), fn(x))
-    cols = {"lazy run": kernel_run, "lazy step": lazy_step, "eager": lambda: fn(x), "torch.compile": lambda: compiled(x),
-            "copy_": lambda: dst.copy_(x)}
+    cols = {"lazy run": kernel_run, "lazy step": lazy_step, "eager": lambda: fn(x),
+            "torch.compile": lambda: compiled(x), "copy_": lambda: dst.copy_(x)}
     for f in cols.values():
         f()
     times = dict(zip(cols, bench(list(cols.values()), reps)))
     gbs = {k: 2 * x.numel() * x.element_size() / t / 1e9 for k, t in times.items()}
     print(f"{n}x{n} x * 2 + 1 (memory-bound; kernels={program.num_kernels}): "
           + "   ".join(f"{k} {t * 1e3:.2f} ms ({gbs[k]:.1f} GB/s)" for k, t in times.items()))
-    print(f"  lazy run at {gbs['lazy run'] / gbs['copy_'] * 100:.0f}% of copy_'s bandwidth, lazy step at "
-          f"{gbs['lazy step'] / gbs['copy_'] * 100:.0f}%, torch.compile at {gbs['torch.compile'] / gbs['copy_'] * 100:.0f}%"
-          f", eager at {gbs['eager'] / gbs['copy_'] * 100:.0f}%   ({load()})")
+    share = {k: f"{v / gbs['copy_'] * 100:.0f}%" for k, v in gbs.items()}
+    print(f"  of copy_'s bandwidth: lazy run {share['lazy run']}, lazy step {share['lazy step']}, torch.compile "
+          f"{share['torch.compile']}, eager {share['eager']}   ({load()})")
 
 
 def main() -> None:

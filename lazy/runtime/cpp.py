@@ -35,7 +35,7 @@ from .reference import Program as ReferenceProgram
 from .reference import _plan as _plan_args
 
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-fno-trapping-math", "-fwrapv",
-         "-ffp-contract=off")
+         "-ffp-contract=off", "-fno-tree-loop-distribute-patterns")
 # NOTE: no -ffast-math: results must match eager (NaN/inf semantics, no reassociation). -fno-math-errno only lets
 # sqrt & co. compile to instructions instead of libm calls that set errno; values are unchanged. -fwrapv: signed
 # integer overflow wraps, as eager's does (int64 mul, int32 add, abs/neg of INT_MIN), instead of being UB.
@@ -43,7 +43,9 @@ FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno",
 # once), even in ISO mode; the math functions of cpp_math.py ask for their FMAs explicitly (__builtin_fma).
 # -fno-trapping-math only gives up the floating-point exception *flags* (nothing reads them; values, NaN/inf and
 # signed zeros are unchanged); without it g++ will not if-convert selects or vectorize floor/ceil, so the math of
-# cpp_math.py would stay scalar. The -march/-m flags come from lazy.config.cpu_isa: flags() (Note [Kernel ISA] in
+# cpp_math.py would stay scalar. -fno-tree-loop-distribute-patterns: a lane loop that only copies (a float row summed
+# in float lanes, Note [Short float sums in float lanes]) stays a vector loop, not a memcpy call per block. The
+# -march/-m flags come from lazy.config.cpu_isa: flags() (Note [Kernel ISA] in
 # cpp_isa.py).
 
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
