@@ -17,6 +17,8 @@ import sys
 import tempfile
 import time
 
+from common import add_isa_argument, cached_run, isa_line, rerun_per_isa, restrict_inductor
+
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -39,7 +41,6 @@ os.environ.setdefault("LAZY_COMPILER", "cpp")
 os.environ["LAZY_CACHE_DIR"] = tempfile.mkdtemp(prefix="lazy-bench-cache-")  # every graph really compiles
 import lazy  # noqa: E402
 import machine  # noqa: E402
-from common import add_isa_argument, cached_run, isa_line, rerun_per_isa, restrict_inductor  # noqa: E402
 
 SIZES = ((1024, 1024), (4096, 1024))
 
