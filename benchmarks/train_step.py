@@ -3,15 +3,23 @@
     python benchmarks/train_step.py                  # ~3 min on 2 cores, most of it torch.compile compiling
     python benchmarks/train_step.py --quick          # fewer steps
     python benchmarks/train_step.py --models mlp,gpt --backends eager,lazy --size 64 --steps 100
+    python benchmarks/train_step.py --device cuda     # eager CUDA, torch.compile on CUDA, lazy backed by CUDA
 
 Models, batches and losses are those of tests/models.py (MLP, CNN with BatchNorm/GroupNorm, Transformer encoder
 layer, tiny GPT); the batch is moved to the device inside the step. Every backend runs the same steps from the same
 initial weights, so the final losses agree up to rounding (a sanity check printed under the table). Time per step
-is the median over --steps steps after --warmup steps, wall clock, each step ending in a sync:
+is the median over --steps steps after --warmup steps, wall clock, each step ending in a sync. With --device cuda,
+where eager and lazy steps both return before the GPU is done, it is the wall time of all timed steps, the GPU
+synchronized at the end, divided by their number:
 
 - eager:         plain PyTorch on the CPU.
-- lazy:          this project; lazy.mark_step() + lazy.wait_device_ops() per step. Compiles and graph-cache hits come
-                 from lazy.metrics.counters().
+- lazy:          this project; lazy.mark_step() per step, asynchronous execution on (the default: a step's program
+                 runs while the next step records; at most two programs in flight, so the median step is the
+                 steady-state cost). Compiles and graph-cache hits come from lazy.metrics.counters().
+- lazy-sync:     the same with LAZY_ASYNC=0: each step records, then runs its program (record + run, one after
+                 the other).
+- capture:       the whole step (forward, backward, optimizer) under @lazy.compile: captured at the first step,
+                 replayed from the second without recording.
 - torch.compile: torch.compile(model) with the default (inductor) backend; the optimizer step runs eagerly unless
                  --compile-optimizer. The first step (the compile) is reported separately; inductor's on-disk cache
                  makes it shorter on later runs.
@@ -34,9 +42,28 @@ import machine
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-from models import MODELS, batch, loss_fn  # noqa: E402
+from models import MODELS, TinyGPT, batch, loss_fn  # noqa: E402
 
-BACKENDS = ("eager", "lazy", "compile", "ltc")
+# The GPU-sized GPT of the project's issues: 6 layers of width 384, 6 heads, context 256, tied embeddings.
+LARGE = {"gpt6x384": lambda: TinyGPT(vocab=65, d=384, heads=6, layers=6, block=256)}
+
+
+def make_model(kind: str) -> torch.nn.Module:
+    return LARGE[kind]() if kind in LARGE else MODELS[kind]()
+
+
+def make_batch(kind: str, step: int, size: int) -> tuple:
+    if kind in LARGE:
+        g = torch.Generator().manual_seed(1000 + step)
+        seq = torch.randint(0, 65, (size, 257), generator=g)
+        return seq[:, :-1], seq[:, 1:]
+    return batch(kind, step, "cpu", size=size)
+
+
+def loss_of(kind: str, out, y):
+    return loss_fn("gpt" if kind in LARGE else kind, out, y)
+
+BACKENDS = ("eager", "lazy", "lazy-sync", "capture", "compile", "ltc")
 RESULT_PREFIX = "RESULT "
 
 
@@ -46,54 +73,77 @@ def describe(e: Exception) -> str:
     return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
-def time_training(kind: str, device: str, sync, args, wrap=None, wrap_step=None) -> dict:
-    """Run warmup + timed steps of ``kind`` on ``device``; ``sync()`` ends each step.
+def time_training(kind: str, device: str, sync, args, wrap=None, wrap_step=None, compile_step=None) -> dict:
+    """Run warmup + timed steps of ``kind`` on ``device``; ``sync()`` ends each step; ``compile_step`` wraps the
+    whole step function.
 
     Returns the first step's time, the median steady-state step time (both in ms) and the final loss.
     """
     torch.manual_seed(0)
-    model = MODELS[kind]().to(device)
+    model = make_model(kind).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     forward = wrap(model) if wrap else model
     opt_step = wrap_step(opt.step) if wrap_step else opt.step
-    batches = [batch(kind, i, "cpu", size=args.size) for i in range(8)]
-    times = []
-    for step in range(args.warmup + args.steps):
-        x, y = batches[step % len(batches)]
-        start = time.perf_counter()
-        loss = loss_fn(kind, forward(x.to(device)), y.to(device))
+
+    def train_step(x, y):
+        loss = loss_of(kind, forward(x.to(device)), y.to(device))
         opt.zero_grad()
         loss.backward()
         opt_step()
+        return loss
+
+    def finish() -> None:
+        """Wait for everything launched: lazy's programs, then the GPU."""
+        if device == "lazy" and "lazy" in sys.modules:  # not in the LTC worker, which never imports lazy
+            sys.modules["lazy"].wait_device_ops()
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+
+    step_fn = compile_step(train_step) if compile_step else train_step
+    batches = [make_batch(kind, i, args.size) for i in range(8)]
+    times = []
+    for step in range(args.warmup + args.steps):
+        x, y = batches[step % len(batches)]
+        if step == args.warmup:
+            finish()
+            timed_start = time.perf_counter()
+        start = time.perf_counter()
+        loss = step_fn(x, y)
         sync()
         times.append(time.perf_counter() - start)
-    return {"first_ms": times[0] * 1e3, "ms": statistics.median(times[args.warmup:]) * 1e3,
+        if step == 0:
+            finish()
+            times[0] = time.perf_counter() - start
+    finish()
+    average = (time.perf_counter() - timed_start) / args.steps
+    median = statistics.median(times[args.warmup:])
+    return {"first_ms": times[0] * 1e3, "ms": (average if args.device == "cuda" else median) * 1e3,
             "min_ms": min(times[args.warmup:]) * 1e3, "loss": float(loss.detach().cpu())}
 
 
 def run_eager(kind: str, args) -> dict:
-    return time_training(kind, "cpu", lambda: None, args)
+    return time_training(kind, args.device, lambda: None, args)
 
 
-def run_lazy(kind: str, args) -> dict:
+def run_lazy(kind: str, args, asynchronous: bool = True, capture: bool = False) -> dict:
     import lazy
 
-    def sync() -> None:
-        lazy.mark_step()
-        lazy.wait_device_ops()
-
     lazy.metrics.reset()
-    result = time_training(kind, "lazy", sync, args)
+    with lazy.config.override(async_execution=asynchronous, backing_device=args.device):
+        result = time_training(kind, "lazy", lazy.mark_step, args, compile_step=lazy.compile if capture else None)
+        lazy.wait_device_ops()
     counters = lazy.metrics.counters()
     result["compiles"] = int(counters.get("compiles", 0))
     result["hits"] = int(counters.get("graph_cache.hit", 0))
+    if capture:
+        result["replays"] = int(counters.get("capture.replays", 0))
     return result
 
 
 def run_compile(kind: str, args) -> dict:
     import torch._dynamo
     torch._dynamo.reset()
-    return time_training(kind, "cpu", lambda: None, args, wrap=torch.compile,
+    return time_training(kind, args.device, lambda: None, args, wrap=torch.compile,
                          wrap_step=torch.compile if args.compile_optimizer else None)
 
 
@@ -148,17 +198,19 @@ def fmt_ratio(a: dict | None, b: dict | None, key: str = "ms") -> str:
 
 
 def print_report(results: dict, args) -> None:
-    for key, title in (("ms", "median"), ("min_ms", "fastest step (the better estimate on a shared machine)")):
+    ratios = [(a, b) for a in ("lazy", "lazy-sync", "capture") for b in ("eager", "compile") if a in args.backends
+              and b in args.backends]
+    for key, title in (("ms", "median ms per step"), ("min_ms", "fastest step, ms (the better estimate on a shared "
+                                                                  "machine)")):
         print(f"{title}:")
-        header = (f"{'model':8} {'eager ms':>9} {'lazy ms':>9} {'compile ms':>11} {'LTC ms':>9} "
-                  f"{'lazy/eager':>11} {'lazy/compile':>13} {'lazy/LTC':>9}")
+        header = f"{'model':8} " + " ".join(f"{b:>9}" for b in args.backends) + " " + \
+            " ".join(f"{a + '/' + b:>17}" for a, b in ratios)
         print(header)
         print("-" * len(header))
         for kind in args.models:
             r = results[kind]
-            e, lz, c, ltc = (r.get(b) for b in BACKENDS)
-            print(f"{kind:8} {fmt_ms(e, key):>9} {fmt_ms(lz, key):>9} {fmt_ms(c, key):>11} {fmt_ms(ltc, key):>9} "
-                  f"{fmt_ratio(lz, e, key):>11} {fmt_ratio(lz, c, key):>13} {fmt_ratio(lz, ltc, key):>9}")
+            print(f"{kind:8} " + " ".join(f"{fmt_ms(r.get(b), key):>9}" for b in args.backends) + " " +
+                  " ".join(f"{fmt_ratio(r.get(a), r.get(b), key):>17}" for a, b in ratios))
         print()
     print("first step (ms; includes tracing and compiling), compiles / cache hits, final loss:")
     errors = []
@@ -183,7 +235,8 @@ def print_report(results: dict, args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {','.join(MODELS)}")
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help=f"comma-separated, from {','.join([*MODELS, *LARGE])} (gpt6x384: for a GPU)")
     parser.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, from {','.join(BACKENDS)}")
     parser.add_argument("--size", type=int, default=32, help="batch size")
     parser.add_argument("--warmup", type=int, default=3)
@@ -192,13 +245,14 @@ def main() -> None:
     parser.add_argument("--compile-optimizer", action="store_true", help="also torch.compile the AdamW step")
     parser.add_argument("--ltc-timeout", type=int, default=180, help="seconds before the LTC worker is abandoned")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda: eager's device and lazy's backing device")
     parser.add_argument("--worker", choices=["ltc"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.models = args.models.split(",")
     args.backends = args.backends.split(",")
     for name in args.models:
-        if name not in MODELS:
-            parser.error(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+        if name not in MODELS and name not in LARGE:
+            parser.error(f"unknown model {name!r}; choose from {', '.join([*MODELS, *LARGE])}")
     for name in args.backends:
         if name not in BACKENDS:
             parser.error(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
@@ -217,7 +271,9 @@ def main() -> None:
               f"(--threads 1 is steadier)")
     print(f"batch size {args.size}, AdamW, median of {args.steps} steps after {args.warmup} warmup steps\n")
     start = time.perf_counter()
-    runners = {"eager": run_eager, "lazy": run_lazy, "compile": run_compile}
+    runners = {"eager": run_eager, "lazy": run_lazy, "compile": run_compile,
+               "lazy-sync": lambda kind, args: run_lazy(kind, args, asynchronous=False),
+               "capture": lambda kind, args: run_lazy(kind, args, capture=True)}
     results = {kind: {} for kind in args.models}
     for kind in args.models:
         for backend in args.backends:

@@ -6,6 +6,8 @@
 // storage identity in step with it.
 #include "alias.h"
 
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/TensorImpl.h>
 
 #include <exception>
@@ -62,6 +64,16 @@ int share_storage(PyObject* view, PyObject* base) {
     return -1;
   }
   return 0;
+}
+
+bool grad_mode_enabled() { return c10::GradMode::is_enabled(); }
+
+bool inference_mode_enabled() { return c10::InferenceMode::is_enabled(); }
+
+int tensor_requires_grad(PyObject* tensor) {
+  c10::TensorImpl* impl = impl_of(tensor);
+  if (impl == nullptr) return -1;
+  return impl->requires_grad() ? 1 : 0;
 }
 
 PyObject* share_storage_py(PyObject*, PyObject* const* args, Py_ssize_t nargs) {

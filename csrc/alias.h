@@ -14,6 +14,14 @@ int share_storage(PyObject* view, PyObject* base);
 // tensor._cdata for every one of them; returns whether it does.
 PyObject* probe_layout(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
+// Whether ``tensor`` (a torch.Tensor) requires grad, read from its TensorImpl: 1, 0, or -1 with a Python error set.
+// (``tensor.requires_grad`` from Python goes through torch's attribute machinery: ~0.2 us; this is a load.)
+int tensor_requires_grad(PyObject* tensor);
+
+// torch.is_grad_enabled() and torch.is_inference_mode_enabled(), read from c10's thread-local state as torch does.
+bool grad_mode_enabled();
+bool inference_mode_enabled();
+
 // share_storage(view, base) for Python (record.py's slow path).
 PyObject* share_storage_py(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 

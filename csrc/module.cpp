@@ -5,6 +5,8 @@
 #include <pybind11/pybind11.h>
 
 #include "alias.h"
+#include "capture_guards.h"
+#include "capture_hook.h"
 #include "graph.h"
 #include "ir.h"
 #include "record.h"
@@ -57,6 +59,20 @@ PyMethodDef methods[] = {
     {"live_storages", live_storages, METH_NOARGS, "Every live Storage, oldest first."},
     {"next_node_serial", next_node_serial, METH_NOARGS, "The serial the next Node will get."},
     {"signatures", signatures, METH_NOARGS, "The table of interned node signatures."},
+    {"guard_program", FASTCALL(lazy::guard_program), METH_FASTCALL,
+     "guard_program(instructions, nregs, lazy_type): an entry's guards as a C program (csrc/capture_guards.cpp)."},
+    {"capture_hook_supported", lazy::capture_hook_supported, METH_NOARGS,
+     "Whether this CPython has lazy.compile's frame hook (3.11, 3.12)."},
+    {"capture_hook_installed", lazy::capture_hook_installed, METH_NOARGS, "Whether the frame hook is installed now."},
+    {"eval_frame_hooked", lazy::eval_frame_hooked, METH_NOARGS,
+     "Whether a PEP 523 frame evaluation function is installed (a callee's arguments hold one more reference)."},
+    {"capture_configure", lazy::capture_configure, METH_O, "capture_configure(run_plain): the handler's plain result."},
+    {"capture_register", FASTCALL(lazy::capture_register), METH_FASTCALL,
+     "capture_register(function, handler): the function's frames call handler(bound) (csrc/capture_hook.cpp)."},
+    {"capture_unregister", lazy::capture_unregister, METH_O, "capture_unregister(function) -> whether it was."},
+    {"capture_handler", lazy::capture_handler, METH_O, "capture_handler(function) -> its handler or None."},
+    {"capture_call_plain", FASTCALL(lazy::capture_call_plain), METH_FASTCALL,
+     "capture_call_plain(function, args, kwargs): a call whose frame the hook does not intercept."},
     {nullptr, nullptr, 0, nullptr},
 };
 
@@ -64,7 +80,7 @@ PyMethodDef methods[] = {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "lazy's C parts: the recording hot path and the IR objects it creates";
-  if (!lazy::init_ir_types()) throw py::error_already_set();
+  if (!lazy::init_ir_types() || !lazy::init_guard_types()) throw py::error_already_set();
   m.add_object("Node", py::handle(reinterpret_cast<PyObject*>(&lazy::NodeType)));
   m.add_object("Storage", py::handle(reinterpret_cast<PyObject*>(&lazy::StorageType)));
   if (PyModule_AddFunctions(m.ptr(), methods) != 0) throw py::error_already_set();

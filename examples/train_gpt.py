@@ -3,6 +3,8 @@
     python examples/train_gpt.py                          # ~50 s on 2 idle cores
     python examples/train_gpt.py --steps 3000 --d 128 --layers 4 --block 128 --dropout 0.1
     OMP_NUM_THREADS=1 python examples/train_gpt.py        # on a busy machine: spinning OpenMP threads cost ~10x
+    torchrun --nproc_per_node=2 examples/train_gpt.py --ddp   # data parallel: DistributedDataParallel on lazy
+    LAZY_BACKING_DEVICE=cuda torchrun --nproc_per_node=2 examples/train_gpt.py --ddp   # one GPU per rank, NCCL
 
 The text is a fixed list of stdlib modules (textwrap.py, argparse.py, ...), read from the running interpreter's
 library, so it exists on every machine. The script prints the unigram (per-character) entropy of that text: a
@@ -10,6 +12,11 @@ model that ignores context cannot beat it, so training loss well below it shows 
 AdamW with linear warmup then cosine decay, gradient clipping at 1.0, tied input/output embeddings; each step is
 one lazy graph (compiled once, then served from the graph cache). At the end the model is evaluated on held-out
 text and samples a continuation of a prompt.
+
+With ``--ddp`` (under torchrun) each rank trains on its own batches of ``--batch`` sequences and
+DistributedDataParallel averages the gradients: the process group is lazy's ("lazy": gloo for a cpu backing device,
+NCCL for cuda, one GPU per rank), and the gradient all-reduces are recorded into each step's graph. Only rank 0
+prints; the loss shown is the mean over the ranks.
 """
 import argparse
 import math
@@ -17,6 +24,7 @@ import os
 import time
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -95,8 +103,8 @@ def lr_at(step: int, steps: int, warmup: int, lr: float) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))   # cosine down to lr / 10
 
 
-def get_batch(data: torch.Tensor, batch: int, block: int, device: str) -> tuple:
-    starts = torch.randint(0, data.numel() - block - 1, (batch,))
+def get_batch(data: torch.Tensor, batch: int, block: int, device: str, gen=None) -> tuple:
+    starts = torch.randint(0, data.numel() - block - 1, (batch,), generator=gen)
     offsets = torch.arange(block)
     x = data[starts[:, None] + offsets]
     y = data[starts[:, None] + offsets + 1]
@@ -119,7 +127,19 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--log-every", type=int, default=50)
     parser.add_argument("--device", default="lazy", help="'cpu' runs the same loop eagerly, for comparison")
+    parser.add_argument("--ddp", action="store_true", help="data parallel over the processes torchrun starts")
     args = parser.parse_args()
+
+    rank, world, shard_gen = 0, 1, None
+    if args.ddp:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if args.device == "lazy" and lazy.config.backing_device.startswith("cuda"):
+            lazy.config.backing_device = f"cuda:{local_rank}"   # one GPU per rank
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group("lazy" if args.device == "lazy" else "gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        shard_gen = torch.Generator().manual_seed(1000 + rank)   # each rank draws its own batches
+    say = print if rank == 0 else (lambda *a, **k: None)
 
     torch.manual_seed(0)
     text = load_text()
@@ -129,12 +149,14 @@ def main() -> None:
     split = int(0.9 * data.numel())
     train, val = data[:split], data[split:]
     entropy = unigram_entropy(train, len(chars))
-    print(f"text: {len(MODULES)} stdlib modules, {len(text) / 1000:.0f} K chars, vocab {len(chars)}; unigram "
-          f"entropy {entropy:.3f} nats = {entropy / math.log(2):.3f} bits/char (uniform: {math.log(len(chars)):.3f})")
+    say(f"text: {len(MODULES)} stdlib modules, {len(text) / 1000:.0f} K chars, vocab {len(chars)}; unigram "
+        f"entropy {entropy:.3f} nats = {entropy / math.log(2):.3f} bits/char (uniform: {math.log(len(chars)):.3f})")
 
     model = GPT(len(chars), args.d, args.heads, args.layers, args.block, args.dropout).to(args.device)
-    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e3:.0f} K parameters, d={args.d}, "
-          f"{args.layers} layers, {args.heads} heads, block {args.block}, batch {args.batch}")
+    say(f"model: {sum(p.numel() for p in model.parameters()) / 1e3:.0f} K parameters, d={args.d}, "
+        f"{args.layers} layers, {args.heads} heads, block {args.block}, batch {args.batch}"
+        + (f" per rank x {world} ranks" if args.ddp else ""))
+    net = torch.nn.parallel.DistributedDataParallel(model) if args.ddp else model
     # NOTE: no weight decay on biases, LayerNorm weights and the positional embedding, as in nanoGPT.
     decay = [p for p in model.parameters() if p.dim() == 2 and p is not model.pos_emb]
     no_decay = [p for p in model.parameters() if p.dim() < 2 or p is model.pos_emb]
@@ -149,15 +171,20 @@ def main() -> None:
     seen = last_sum = 0.0
     start = last = time.perf_counter()
     for step in range(args.steps):
-        xb, yb = get_batch(train, args.batch, args.block, args.device)
-        logits = model(xb)
+        xb, yb = get_batch(train, args.batch, args.block, args.device, shard_gen)
+        logits = net(xb)
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), yb.view(-1))
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        loss_sum += loss.detach()
+        if args.ddp:  # the mean over the ranks, all-reduced inside the step's graph
+            shown = loss.detach().clone()
+            dist.all_reduce(shown)
+            loss_sum += shown / world
+        else:
+            loss_sum += loss.detach()
         lazy.mark_step()
         if step % args.log_every == 0 or step == args.steps - 1:
             now = time.perf_counter()
@@ -165,8 +192,8 @@ def main() -> None:
             last = now
             total = loss_sum.item()
             mean_loss, last_sum, seen = (total - last_sum) / (step + 1 - seen), total, step + 1
-            print(f"step {step:5d}  loss {mean_loss:.4f}  {rate:7.1f} steps/s  "
-                  f"{lazy.metrics.cache_summary()}")
+            say(f"step {step:5d}  loss {mean_loss:.4f}  {rate:7.1f} steps/s  "
+                f"{lazy.metrics.cache_summary()}")
     train_time = time.perf_counter() - start
 
     model.eval()
@@ -183,9 +210,9 @@ def main() -> None:
             total += F.cross_entropy(logits.view(-1, logits.shape[-1]), yb.view(-1))
             lazy.mark_step()
     val_loss = total.item() / batches
-    print(f"(loss: mean training loss since the previous line, in nats)")
-    print(f"done: trained in {train_time:.1f} s; held-out loss {val_loss:.3f} nats = {val_loss / math.log(2):.3f} "
-          f"bits/char vs unigram entropy {entropy:.3f} nats = {entropy / math.log(2):.3f} bits/char")
+    say("(loss: mean training loss since the previous line, in nats)")
+    say(f"done: trained in {train_time:.1f} s; held-out loss {val_loss:.3f} nats = {val_loss / math.log(2):.3f} "
+        f"bits/char vs unigram entropy {entropy:.3f} nats = {entropy / math.log(2):.3f} bits/char")
 
     # Sampling stays on the training device. NOTE: on lazy every token is a sync (its probabilities are copied to
     # the CPU, where the next character is drawn), so this loop runs one small graph per token. The context is
@@ -194,17 +221,19 @@ def main() -> None:
     prompt = val[: args.block].tolist()
     context = list(prompt)
     with torch.no_grad():
-        for _ in range(args.sample_chars):
+        for _ in range(args.sample_chars if rank == 0 else 0):   # rank 0 samples, the others are done
             idx = torch.tensor([context[-args.block:]], device=args.device)
             logits = model(idx)[0, -1] / args.temperature
             probs = F.softmax(logits, dim=-1).cpu()
             context.append(int(torch.multinomial(probs, 1, generator=g)))
-    print("--- prompt " + "-" * 60)
-    print("".join(chars[i] for i in prompt))
-    print("--- sample " + "-" * 60)
-    print("".join(chars[i] for i in context[len(prompt):]))
-    print("-" * 71)
-    print(lazy.metrics.report())
+    say("--- prompt " + "-" * 60)
+    say("".join(chars[i] for i in prompt))
+    say("--- sample " + "-" * 60)
+    say("".join(chars[i] for i in context[len(prompt):]))
+    say("-" * 71)
+    say(lazy.metrics.report())
+    if args.ddp:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

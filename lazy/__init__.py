@@ -21,6 +21,9 @@ from .capture.function import compile
 _lazy_key.register()
 _sdpa.register()
 _compat.install()
+if torch.distributed.is_available():
+    # collectives on lazy tensors are recorded from the first one on, whether or not the user imports it
+    from . import distributed as _distributed  # noqa: F401
 
 __version__ = "0.1.0"
 device = LAZY_DEVICE

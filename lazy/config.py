@@ -30,8 +30,13 @@ KNOBS = (
     Knob("backing_device", "cpu", "LAZY_BACKING_DEVICE",
          "Device that runs compiled graphs and holds synced data: 'cpu' or 'cuda[:N]'."),
     Knob("compiler", "auto", "LAZY_COMPILER",
-         "How graphs are compiled: 'cpp' (fused C++/OpenMP kernels), 'reference' (each node through ATen), or "
-         "'auto' (cpp on a cpu backing device, reference elsewhere)."),
+         "How graphs are compiled: 'cpp' (fused C++/OpenMP kernels), 'triton' (fused Triton kernels: on a CUDA "
+         "backing device, or interpreted on the cpu), 'reference' (each node through ATen), or 'auto' (cpp on a cpu "
+         "backing device, triton on cuda, reference where triton is not installed)."),
+    Knob("async_execution", True, "LAZY_ASYNC",
+         "A mark_step launches its graph on a worker thread and returns; only reading data (.cpu(), .item(), "
+         "print, bool) waits, and lazy.wait_device_ops() waits for all. 0: every sync runs its graph before "
+         "returning.", _bool),
     Knob("capture_verify", False, "LAZY_CAPTURE_VERIFY",
          "lazy.compile: run every replay and a plain run of the same call, and raise on the first difference "
          "(outputs, tensors and Python state it writes).", _bool),
@@ -50,6 +55,9 @@ KNOBS = (
     Knob("logs", "", "LAZY_LOGS",
          "Comma-separated topics logged to stderr as they happen: graph_breaks, recompiles, guards, output_code "
          "(lazy.compile), syncs, compiles."),
+    Knob("triton_workers", 4, "LAZY_TRITON_WORKERS",
+         "Processes compiling Triton kernels while graphs run on the reference executor (compiler 'auto'); 0 "
+         "compiles in the calling thread.", int),
     Knob("graph_cache_size", 1024, "LAZY_GRAPH_CACHE_SIZE", "Entries of the in-memory graph cache (LRU).", int),
     Knob("strict", False, "LAZY_STRICT",
          "Raise on every implicit sync (.item(), .cpu(), print, bool, data-dependent ops) instead of syncing.", _bool),

@@ -4,7 +4,13 @@ import os
 import pytest
 import torch
 
-import lazy
+# The Triton backend's tests run its kernels under Triton's interpreter on a cpu backing device; Triton reads this
+# when it is first imported.
+if os.environ.get("LAZY_BACKING_DEVICE", "cpu") == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import lazy  # noqa: E402
+from lazy.sync.launch import StepFailed  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -20,8 +26,13 @@ def private_disk_cache(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def fresh_metrics():
-    """Sync whatever an earlier test left pending, then zero the counters, so counts asserted are this test's."""
+    """Sync whatever an earlier test left pending and wait for it (Note [Asynchronous execution]), then zero the
+    counters, so counts asserted are this test's."""
     lazy.mark_step()
+    try:
+        lazy.wait_device_ops()
+    except StepFailed:  # a graph an earlier test launched failed after it ended: not this test's concern
+        pass
     lazy.metrics.reset()
     yield
 
@@ -32,6 +43,15 @@ def cpp_compiler(tmp_path_factory):
     of its own (``pytestmark = pytest.mark.usefixtures("cpp_compiler")``)."""
     cache = str(tmp_path_factory.mktemp("lazy-cache"))
     with lazy.config.override(compiler="cpp", backing_device="cpu", cache_dir=cache):
+        yield
+
+
+@pytest.fixture(scope="module")
+def triton_compiler(tmp_path_factory):
+    """Every graph of the module compiled by the Triton compiler at its first execution, on the backing device
+    (interpreted on the cpu), with a disk cache of its own."""
+    cache = str(tmp_path_factory.mktemp("lazy-cache"))
+    with lazy.config.override(compiler="triton", cache_dir=cache):
         yield
 
 

@@ -17,7 +17,6 @@ import pytest
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-import lazy
 
 import test_conformance as tc
 from conformance_known_failures import KNOWN_FAILURES

@@ -20,7 +20,6 @@ import torch
 import lazy
 
 import test_conformance as tc
-from conformance_known_failures import KNOWN_FAILURES
 
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
           torch.int8, torch.uint8, torch.bool)

@@ -21,8 +21,8 @@ def same(fn, *tensors):
             continue
         assert g.shape == w.shape
         torch.testing.assert_close(g.cpu(), w)
-    for e, l in zip(eager, lz):
-        torch.testing.assert_close(l.cpu(), e)
+    for e, lz_out in zip(eager, lz):
+        torch.testing.assert_close(lz_out.cpu(), e)
 
 
 def test_dims_minus_one_and_minus_two_get_different_graphs():

@@ -6,7 +6,6 @@ import sys
 import textwrap
 import warnings
 
-import pytest
 import torch
 
 import lazy

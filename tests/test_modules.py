@@ -6,7 +6,6 @@ import sys
 import torch
 import torch.nn as nn
 
-import lazy
 
 L = "lazy"
 

@@ -352,7 +352,8 @@ def _executed_ops(func):
 
 def test_reference_executor(calls):
     failures = []
-    with lazy.config.override(compiler="reference"):
+    # synchronous: the spy of executed calls (a dispatch mode) sees the calling thread only
+    with lazy.config.override(compiler="reference", async_execution=False):
         for call in calls:
             func = call[0]
             for i, (args, kwargs) in enumerate(_variants(call)):
@@ -426,7 +427,8 @@ def _same(a, b):
 def test_cpp_compiler_one_graph(calls, tmp_path):
     """All calls in one graph, compiled: its first run, then a cached run with other scalars; then the same for the
     calls with every runtime scalar parameter given."""
-    with lazy.config.override(compiler="cpp", backing_device="cpu", cache_dir=str(tmp_path)):
+    with lazy.config.override(compiler="cpp", backing_device="cpu", cache_dir=str(tmp_path),
+                              async_execution=False):  # the spy of executed calls sees the calling thread only
         for pair in range(2):
             usable = [(c, _variants(c)[2 * pair:2 * pair + 2]) for c in calls]
             usable = [(c, v) for c, v in usable if v and all(_eager_accepts(c[0], a, k) for a, k in v)]

@@ -1,4 +1,5 @@
 """Fusion: kernel counts (asserted through lazy.metrics), no stored intermediates, horizontal fusion."""
+import importlib.util
 import re
 
 import pytest
@@ -14,6 +15,19 @@ from lazy.debug import metrics
 pytestmark = pytest.mark.usefixtures("cpp_compiler")
 
 
+@pytest.fixture(params=["cpp", pytest.param("triton", marks=pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="triton is not installed"))])
+def backend(request, tmp_path):
+    """The kernel-count tests on both compilers (one schedule, two renderers): the cpp backend on the cpu, the
+    Triton backend on the backing device (interpreted on the cpu)."""
+    device = "cpu" if request.param == "cpp" else lazy.config.backing_device
+    with lazy.config.override(compiler=request.param, backing_device=device, cache_dir=str(tmp_path)):
+        yield request.param
+
+
+STORE = {"cpp": r"\b(b\d+)\[[^\]]*\] = ", "triton": r"tl\.store\((b\d+)"}
+
+
 def run(fn, *inputs):
     """Run ``fn`` lazily in one graph; returns (kernels, externs, program) and checks against eager."""
     want = fn(*inputs)
@@ -26,7 +40,7 @@ def run(fn, *inputs):
     for g, w in zip(got, want if isinstance(want, (list, tuple)) else [want]):
         torch.testing.assert_close(g, w)
     program = graph_cache.latest()
-    assert program.backend == "cpp"
+    assert program.backend == lazy.config.compiler
     return metrics.counter("kernels_launched"), program.num_externs, program
 
 
@@ -36,17 +50,17 @@ def chain(x):
     return x
 
 
-def test_200_op_chain_is_one_kernel_without_stored_intermediates():
+def test_200_op_chain_is_one_kernel_without_stored_intermediates(backend):
     kernels, externs, program = run(chain, torch.randn(16, 16))
     assert (kernels, externs) == (1, 0)
     assert program.num_kernels == 1
-    stores = re.findall(r"\b(b\d+)\[[^\]]*\] = ", program.source)
-    # only the output is stored (once per interleaved copy: Note [Interleaved copies] in codegen/cpp.py): no fused
-    # intermediate touches memory
+    stores = re.findall(STORE[backend], program.source)
+    # only the output is stored (by the cpp backend once per interleaved copy: Note [Interleaved copies] in
+    # codegen/cpp.py): no fused intermediate touches memory
     assert len(set(stores)) == 1 and len(stores) in (1, cpp_renderer.INTERLEAVE)
 
 
-def test_softmax_and_layer_norm_kernel_counts():
+def test_softmax_and_layer_norm_kernel_counts(backend):
     x = torch.randn(32, 64)
     assert run(lambda x: x.softmax(-1), x)[0] <= 2
     assert run(lambda x: x.log_softmax(0), x)[0] <= 2
@@ -54,7 +68,7 @@ def test_softmax_and_layer_norm_kernel_counts():
     assert run(lambda x, w, b: F.layer_norm(x, (64,), w, b), x, w, b)[0] <= 2
 
 
-def test_linear_relu_is_one_extern_and_one_kernel():
+def test_linear_relu_is_one_extern_and_one_kernel(backend):
     x, w, b = torch.randn(8, 16), torch.randn(16, 4), torch.randn(4)
     kernels, externs, program = run(lambda x, w, b: (x @ w + b).relu(), x, w, b)
     assert (kernels, externs) == (1, 1)
@@ -64,7 +78,7 @@ def test_linear_relu_is_one_extern_and_one_kernel():
     assert externs == 1 and kernels <= 2
 
 
-def test_pointwise_into_reduction_and_epilogue():
+def test_pointwise_into_reduction_and_epilogue(backend):
     x = torch.randn(16, 32)
     kernels, _, program = run(lambda x: ((x * 2).exp().sum(1) + 1).sqrt(), x)
     assert kernels == 1
@@ -72,16 +86,16 @@ def test_pointwise_into_reduction_and_epilogue():
     assert kernels == 1
 
 
-def test_horizontal_fusion_of_same_shape_outputs():
+def test_horizontal_fusion_of_same_shape_outputs(backend):
     x, y = torch.randn(64, 64), torch.randn(64, 64)
     kernels, _, _ = run(lambda x, y: [x * y, x + y, (x - y).exp()], x, y)
     assert kernels == 1
 
 
-def test_broadcast_is_never_materialized():
+def test_broadcast_is_never_materialized(backend):
     x, b = torch.randn(64, 64), torch.randn(64)
     kernels, _, program = run(lambda x, b: x * b.expand(64, 64) + b[:, None], x, b)
-    assert kernels == 1 and len(re.findall(r"\bb\d+\[[^\]]*\] = ", program.source)) == 1
+    assert kernels == 1 and len(re.findall(STORE[backend], program.source)) == 1
 
 
 def test_kernel_ir_is_dumped(tmp_path):

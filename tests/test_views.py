@@ -19,8 +19,8 @@ def both(fn, *shapes, seed=0):
 
 def check(fn, *shapes):
     eager, lz, want, got = both(fn, *shapes)
-    for e, l in zip(eager, lz):
-        torch.testing.assert_close(l, e)
+    for e, lz_out in zip(eager, lz):
+        torch.testing.assert_close(lz_out, e)
     if want is not None:
         want = want if isinstance(want, (tuple, list)) else (want,)
         got = got if isinstance(got, (tuple, list)) else (got,)

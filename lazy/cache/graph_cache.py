@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import collections
+import functools
+import importlib.util
 import os
 import time
 from typing import Any, Callable, Dict
@@ -23,16 +25,21 @@ def set_compiler(compiler: Callable[[Linearized, torch.device], Any], backend: s
 
 
 def compiler_for(backend: str) -> Callable[[Linearized, torch.device], Any]:
-    """The compiler of ``backend`` ('reference' or 'cpp'), as chosen by ``lazy.config.compiler``."""
+    """The compiler of ``backend`` ('reference', 'cpp' or 'triton'), as chosen by ``lazy.config.compiler``."""
     if backend not in _COMPILERS:
         if backend == "cpp":
             from ..runtime.cpp import compile_cpp
             _COMPILERS["cpp"] = compile_cpp
+        elif backend == "triton":
+            from ..runtime.triton import compile_triton
+            # Note [Tiered compilation]: under 'auto', the kernels compile in workers (runtime/triton_build.py)
+            _COMPILERS["triton"] = lambda lin, device: compile_triton(lin, device, tiered=config.compiler == "auto")
         elif backend == "reference":
             from ..runtime.reference import compile_reference
             _COMPILERS["reference"] = compile_reference
         else:
-            raise ValueError(f"lazy.config.compiler is {backend!r}; use 'auto', 'cpp' or 'reference' (LAZY_COMPILER)")
+            raise ValueError(f"lazy.config.compiler is {backend!r}; use 'auto', 'cpp', 'triton' or 'reference' "
+                             "(LAZY_COMPILER)")
     return _COMPILERS[backend]
 
 
@@ -56,11 +63,18 @@ class _Warming:
 
 def backend_for(device: torch.device) -> str:
     """The compiler that ``lazy.config.compiler`` names for graphs run on ``device``: 'auto' is the C++
-    compiler on the cpu and the reference executor elsewhere (no GPU compiler yet)."""
+    compiler on the cpu, Triton on cuda (the reference executor where triton is not installed)."""
     backend = config.compiler
     if backend == "auto":
-        return "cpp" if device.type == "cpu" else "reference"
+        if device.type == "cpu":
+            return "cpp"
+        return "triton" if device.type == "cuda" and _has_triton() else "reference"
     return backend
+
+
+@functools.lru_cache(maxsize=1)
+def _has_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
 
 
 def lookup(lin: Linearized, device: torch.device) -> tuple:

@@ -36,10 +36,10 @@ from ..device.tensor import LazyTensor
 from ..ir.graph import Linearized, linearize
 from ..ir.layout import contiguous_stride, storage_numel
 from ..trace import views
-from ..ir.node import DATA, GENERATOR, SCALAR_MARKERS, TENSOR, Node, _Marker
+from ..ir.node import DATA, GENERATOR, SCALAR_MARKERS, Node, _Marker
 from ..ir.ops import SEED_KWARG
 from ..trace.schema import RUNTIME_MEMO_VALUE, STATIC, describe
-from . import expr as X
+from ..sync import launch
 from .expr import E
 from .interpreter import Box
 from .policy import New, is_lazy
@@ -163,7 +163,7 @@ def _bind_inputs(s: Session, lin: Linearized, entry: Dict[int, Tuple[Any, Node]]
         elif id(node) in s.host_leaves:
             inputs.append(("host", s.host_leaves[id(node)]))
         else:
-            inputs.append(("const", node.data))
+            inputs.append(("const", launch.ready(node.data)))
     return inputs
 
 

@@ -4,6 +4,18 @@ A ``CompiledFunction`` keeps the entries (lazy/capture/replay.py) captured for i
 arguments, checks the entries' guards and replays the first that holds; on a miss it captures (runs the function
 under the capture interpreter, which is the call itself) and keeps a new entry, up to ``max_recompiles``; a function
 whose capture breaks (a sync inside, I/O, ...) runs plainly from then on, and ``lazy.explain(fn)`` says why.
+
+Note [Compiled functions are themselves]
+``lazy.compile(fn)`` of a plain Python function registers ``fn`` with the frame hook (csrc/capture_hook.cpp, Note
+[The frame hook]) and returns ``fn`` itself: a call of ``fn`` from anywhere (a global name, a method of a class
+whose body applied the decorator, a reference kept before compiling) reaches the hook, which binds the arguments from
+the frame and calls ``CompiledFunction.handle``; no Python wrapper runs. The state (entries, events) is kept per
+function object, never per code object: closures made by one ``def`` are separate functions with separate captures.
+``state_of(fn)`` finds it through the hook's registry. Bound methods (``lazy.compile(obj.method)``: every instance
+shares the function, but only this one's calls are compiled) and ``nn.Module``s keep a thin Python wrapper, the
+``CompiledFunction`` itself, which binds its call's arguments in Python; so does everything on a CPython without the
+hook (3.13 and later). ``lazy.compile.reset()`` unregisters every function and disables every wrapper: what was
+compiled runs plainly until it is compiled again.
 """
 from __future__ import annotations
 
@@ -15,6 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from .. import _C
 from ..cache import graph_cache
 from ..config import config
 from ..debug import metrics
@@ -22,7 +35,7 @@ from ..debug.log import log, log_topic, topic_enabled
 from ..device.backing import backing_device
 from ..device.tensor import live_storages
 from ..ir.node import data_leaf
-from ..sync import mark_step, pending_storages
+from ..sync import launch, mark_step, pending_storages
 from ..trace import record
 from . import expr as X
 from .finalize import finalize
@@ -34,7 +47,6 @@ from .tensors import CaptureHooks
 from .verify import verified_replay
 
 _ALL: List["CompiledFunction"] = []
-_BYPASS: set = set()  # code objects running plainly for a verification (lazy/capture/verify.py)
 
 
 class CompiledFunction:
@@ -68,6 +80,8 @@ class CompiledFunction:
         self.broken: Optional[Break] = None
         self.events: List[dict] = []  # captures, recompiles, breaks, for lazy.explain(fn)
         self.warned = False
+        self.hooked = False  # registered with the frame hook (Note [Compiled functions are themselves])
+        self.active = True   # False once lazy.compile.reset() ran: calls run plainly
         self.signature = inspect.signature(fn)
         # Note [Bound arguments]
         # A call's arguments are bound once, in the order of the function's code's argument locals (positional,
@@ -96,15 +110,16 @@ class CompiledFunction:
     # ---- a call ----
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not _capturable_now():
+        if not self.active or not _capturable_now():
             return self.fn(*args, **kwargs)
         out = self.handle(self._bind(args, kwargs))
         return self.fn(*args, **kwargs) if out is RUN_PLAIN else out
 
     def handle(self, bound: tuple) -> Any:
         """A call with its arguments bound (Note [Bound arguments]): the result of a replay or of a capture run
-        (which is the call itself), or RUN_PLAIN when the caller must run the function plainly."""
-        if self.code in _BYPASS:
+        (which is the call itself), or RUN_PLAIN when the caller must run the function plainly. The frame hook
+        calls it for every call of a registered function."""
+        if not self.active or not _capturable_now():
             return RUN_PLAIN
         for entry in self.entries:
             if entry.check(bound):
@@ -135,11 +150,7 @@ class CompiledFunction:
     def run_plainly(self, bound: tuple) -> Any:
         """The function run plainly on bound arguments (as a plain call records it), never through a capture."""
         args, kwargs = self._unbind(bound)
-        _BYPASS.add(self.code)
-        try:
-            return self.fn(*args, **kwargs)
-        finally:
-            _BYPASS.discard(self.code)
+        return _C.capture_call_plain(self.fn, tuple(args), kwargs)  # a frame the hook lets run
 
     def _unbind(self, bound: tuple) -> Tuple[list, dict]:
         args: list = []
@@ -187,7 +198,7 @@ class CompiledFunction:
         state = global_state()
         s = Session()
         policy = CapturePolicy(s, self.fullgraph)
-        interp = Interpreter(policy)
+        interp = Interpreter(policy)  # noqa: F841 -- held for the capture run
         hooks = CaptureHooks(policy)
         pos, kw = self._boxed_arguments(bound)
         previous = record.CAPTURE
@@ -259,6 +270,8 @@ class CompiledFunction:
         return pos, kw
 
     def _compile(self, plan: Any) -> Any:
+        if plan.lin is None:  # no graph: the function computes nothing on lazy tensors (it returns an input)
+            return None
         device = backing_device()
         backend = graph_cache.backend_for(device)
         start = time.perf_counter()
@@ -288,6 +301,7 @@ def _run_capture_graph(plan: Any, entry: Entry) -> None:
     call changed and of the tensors it created, as a sync would make them."""
     if plan.lin is None:
         return
+    launch.ready_all(plan.lin.leaves)
     outs = entry.program.run(plan.lin.leaves, plan.lin.scalars)
     roots = [n for n in plan.lin.outputs]
     values = {id(plan.lin.order[p]): outs[i] for i, p in enumerate(roots)}
@@ -307,6 +321,8 @@ class _RunPlain:
 
 
 RUN_PLAIN = _RunPlain()  # what ``handle`` returns when the function must run plainly
+HOOK = _C.capture_hook_supported()  # CPython 3.11, 3.12: the frame hook (csrc/capture_hook.cpp)
+_C.capture_configure(RUN_PLAIN)
 
 
 def _capturable_now() -> bool:
@@ -318,28 +334,49 @@ def _capturable_now() -> bool:
 
 def compile(fn: Optional[Callable[..., Any]] = None, *, fullgraph: bool = False, dynamic: bool = False,
             mode: str = "default", max_recompiles: int = 8) -> Any:
-    """Capture ``fn`` (a function, a method, or an nn.Module's forward) on its first call and replay it later."""
+    """Capture ``fn`` (a function, a method, or an nn.Module's forward) on its first call and replay it later.
+    A plain function is returned itself, its calls intercepted by the frame hook (Note [Compiled functions are
+    themselves]); a bound method or a module is returned wrapped."""
     if fn is None:
-        return lambda f: CompiledFunction(f, fullgraph, dynamic, mode, max_recompiles)
-    return CompiledFunction(fn, fullgraph, dynamic, mode, max_recompiles)
+        return lambda f: compile(f, fullgraph=fullgraph, dynamic=dynamic, mode=mode, max_recompiles=max_recompiles)
+    cf = CompiledFunction(fn, fullgraph, dynamic, mode, max_recompiles)
+    if type(fn) is not types.FunctionType or not HOOK:
+        return cf
+    previous = _C.capture_handler(fn)
+    if previous is not None:  # compiled again (new options): the new state replaces the old one
+        _ALL.remove(previous.__self__)
+    _C.capture_register(fn, cf.handle)
+    cf.hooked = True
+    return fn
 
 
 def state_of(fn: Any) -> "CompiledFunction":
     """The capture state of a function given to ``lazy.compile``."""
     if isinstance(fn, CompiledFunction):
         return fn
+    target = getattr(fn, "__func__", fn)
+    if HOOK and type(target) is types.FunctionType:
+        handler = _C.capture_handler(target)
+        if handler is not None:
+            return handler.__self__
     for cf in _ALL:
         if cf.fn is fn or getattr(cf.fn, "__func__", None) is fn or cf.module is fn:
             return cf
-    raise ValueError(f"lazy.explain: {fn!r} was not given to lazy.compile")
+    raise ValueError(f"lazy.explain: {fn!r} was not given to lazy.compile (or lazy.compile.reset() ran since)")
 
 
 def reset() -> None:
-    """Forget every capture: compiled functions capture again at their next call."""
+    """Forget every capture and unregister every compiled function: what was compiled runs plainly until it is
+    compiled again."""
     for cf in _ALL:
         cf.entries.clear()
         cf.broken = None
         cf.warned = False
+        cf.active = False
+        if cf.hooked:
+            _C.capture_unregister(cf.fn)
+            cf.hooked = False
+    _ALL.clear()
 
 
 compile.reset = reset  # type: ignore[attr-defined]

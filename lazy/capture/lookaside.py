@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
+from .. import _C
 from . import expr as X
 from .expr import E
 from .interpreter import Box, Generator, decode
@@ -179,7 +180,7 @@ def wrap_native(p: Any, result: Any) -> Box:
     object nothing else refers to is one the call created."""
     if isinstance(result, NUMBERS + CONSTANT_TYPES) or result is None:
         return Box(result)
-    if sys.getrefcount(result) > _FRESH_REFS and not isinstance(result, (tuple, list, dict)):
+    if sys.getrefcount(result) > _FRESH_REFS + _C.eval_frame_hooked() and not isinstance(result, (tuple, list, dict)):
         return Box(result, X.pinned(result))
     if type(result) in (tuple, list):
         items = [wrap_native(p, x) for x in result]
@@ -189,7 +190,10 @@ def wrap_native(p: Any, result: Any) -> Box:
     return p.new(result, New("object"))
 
 
-_FRESH_REFS = 3  # the caller's variable, getrefcount's argument, and the call's own temporary
+# The caller's variable, getrefcount's argument, and the call's own temporary; one more while a PEP 523 frame
+# evaluation function is installed (the frame hook of lazy.compile, torch._dynamo's): CPython then calls Python
+# functions through vectorcall, which leaves the caller's own reference to each argument on its stack.
+_FRESH_REFS = 3
 
 
 def _flatten(boxes: List[Box]) -> Iterator[Box]:

@@ -26,7 +26,7 @@ from ..device.tensor import LazyTensor
 from . import expr as X
 from .expr import E
 from .interpreter import BINARY, COMPARE, UNARY, Box, Frame, Generator, Policy, decode
-from .session import CaptureBreak, Effect, HostOp, Session, TorchCall
+from .session import CaptureBreak, Effect, Session
 
 NUMBERS = (bool, int, float)
 CONSTANT_TYPES = (str, bytes, type(None), type(Ellipsis), torch.dtype, torch.device, torch.layout,
@@ -227,7 +227,7 @@ class CapturePolicy(Policy):
         return Box(value)
 
     def setattr(self, obj: Box, name: str, value: Box) -> None:
-        v, m = obj.v, obj.m
+        v = obj.v
         hook = type(v).__setattr__
         if type(hook) is types.FunctionType:  # a Python __setattr__ (nn.Module's): its stores are tracked inside
             self.call(Box(hook), [obj, self.const(name), value], {})
@@ -493,12 +493,7 @@ class CapturePolicy(Policy):
         m = it.m
         if type(m) is BoxIter:
             return next(m.it, None)
-        if isinstance(it.v, Generator):
-            return it.v.next_box()
-        try:
-            return Box(next(it.v))
-        except StopIteration:
-            return None
+        return super().next(it)
 
     def format(self, value: Box, conversion: Optional[str], spec: Optional[Box]) -> Box:
         self.concrete(value)
@@ -537,7 +532,7 @@ class CapturePolicy(Policy):
         elif type(m) is E:
             self.s.effects.append(Effect("cell_set", m, None, value))
         else:
-            self.breaks(f"writes a closure variable of a function it did not reach through its inputs")
+            self.breaks("writes a closure variable of a function it did not reach through its inputs")
 
     def closure_cell(self, func: types.FunctionType, index: int) -> Box:
         cell = func.__closure__[index]

@@ -10,16 +10,20 @@ stores the function's Python did, without interpreting or recording anything.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from ..config import config
 from ..device.backing import backing_device
 from ..device.tensor import new_tensor
 from ..ir.node import data_leaf
+from ..sync import launch
 from . import expr as X
 from .expr import E, Renderer, compile_function
 from .finalize import Plan
+from .guards import compile_guards
 from .interpreter import Box
 from .policy import New, is_lazy, tensor_signature
 from .session import Session
@@ -35,10 +39,14 @@ class Miss(Exception):
 
 def global_state() -> tuple:
     """The global state a recording depends on: grad mode, inference mode, autocast, the default dtype, and the
-    backing device of lazy."""
-    from ..config import config
-    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.is_autocast_enabled("cpu"),
-            torch.get_autocast_dtype("cpu"), torch.get_default_dtype(), config.backing_device)
+    backing device of lazy. (A guard program reads the first two from c10 and calls STATE_CALLS for the others.)"""
+    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), _autocast_enabled(), _autocast_dtype(),
+            torch.get_default_dtype(), config.backing_device)
+
+
+_autocast_enabled = functools.partial(torch.is_autocast_enabled, "cpu")
+_autocast_dtype = functools.partial(torch.get_autocast_dtype, "cpu")
+STATE_CALLS = (_autocast_enabled, _autocast_dtype, torch.get_default_dtype, lambda: config.backing_device)
 
 
 def _keys_same(d: Any, keys: tuple) -> bool:
@@ -60,7 +68,7 @@ def _input_data(t: Any) -> Any:
     data = t._lz_st.value.data
     if data is None:
         raise Pending
-    return data
+    return launch.ready(data)
 
 
 def _write(t: Any, out: torch.Tensor) -> None:
@@ -105,21 +113,16 @@ class Entry:
                            and op.fn.args[1][0].op == "obj" and isinstance(op.fn.args[1][0].args[0], torch.Generator)]
         self.num_guards = len(s.guards) + 1
         self.num_nodes = len(plan.lin.order) if plan.lin is not None else 0
-        self.check = self._render_check(s, plan)
+        self.python_check = self._render_check(s, plan)
+        self.check = self._compile_check(s)  # Note [Guard programs] in csrc/capture_guards.cpp
         self.run = self._render_run(s, plan, breaks)
 
     # ---- guards ----
 
     def _render_check(self, s: Session, plan: Plan) -> Callable[[tuple], bool]:
         r = Renderer()
-        r.share([e for kind, e in s.guards])
+        fn = _python_check(r, list(s.guards.items()), self.state)
         terms = [f"_global_state() == {r.const(self.state)}"]
-        for (kind, e), expected in s.guards.items():
-            terms.append(_guard(r, kind, e, expected))
-        body = ["try:"] + ["    " + line for line in r.preamble] + [
-            "    return (" + "\n            and ".join(terms) + ")", "except Exception:", "    return False"]
-        fn = compile_function("check", "A", body, r.consts)
-        fn.__globals__.update(_GUARD_HELPERS)
         self.check_source = fn.__lazy_source__
         self.guards = [("global state", "_global_state()", self.state)] + [
             (kind, repr(e), expected) for (kind, e), expected in s.guards.items()]
@@ -129,6 +132,17 @@ class Entry:
         self._terms = [terms[0]] + [_guard(plain, kind, e, expected) for (kind, e), expected in s.guards.items()]
         self._consts = r.consts
         return fn
+
+    def _compile_check(self, s: Session) -> Callable[[tuple], bool]:
+        """The guard program, then the Python check of the guards it cannot express (if any)."""
+        guards = [(kind, e, expected) for (kind, e), expected in s.guards.items()]
+        program, residual = compile_guards(self.state, guards, STATE_CALLS, _keys_same, tensor_signature)
+        self.guard_program = program
+        self.residual_guards = residual
+        if not residual:
+            return program
+        rest = _python_check(Renderer(), [((kind, e), expected) for kind, e, expected in residual], None)
+        return lambda A: program(A) and rest(A)
 
     def failures(self, A: tuple) -> List[str]:
         """The guards ``A`` fails, each as "kind expression: expected ..., now ..." (for recompile reasons)."""
@@ -233,6 +247,19 @@ def _run_expressions(s: Session, plan: Plan) -> list:
 
 _GUARD_HELPERS = dict(_global_state=global_state, _keys_same=_keys_same, _tensor_sig=tensor_signature,
                       _alias_pattern=_alias_pattern)
+
+
+def _python_check(r: Renderer, guards: list, state: Any) -> Callable[[tuple], bool]:
+    """``check(A)``: the guards (and ``global_state() == state`` unless ``state`` is None) as one expression."""
+    r.share([e for (kind, e), _ in guards])
+    terms = [f"_global_state() == {r.const(state)}"] if state is not None else []
+    for (kind, e), expected in guards:
+        terms.append(_guard(r, kind, e, expected))
+    body = ["try:"] + ["    " + line for line in r.preamble] + [
+        "    return (" + "\n            and ".join(terms or ["True"]) + ")", "except Exception:", "    return False"]
+    fn = compile_function("check", "A", body, r.consts)
+    fn.__globals__.update(_GUARD_HELPERS)
+    return fn
 
 
 def _describe_now(text: str, A: tuple, consts: list) -> str:

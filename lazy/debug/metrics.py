@@ -5,22 +5,28 @@ The recorder's hot path (csrc/record.cpp) counts traced ops in C; everything els
 from __future__ import annotations
 
 import collections
-from typing import Dict
+import threading
+from typing import Callable, Dict, Optional
 
 from .. import _C
 
 _counts: Dict[str, float] = collections.defaultdict(float)
+_lock = threading.Lock()  # programs launched asynchronously bump counters from the worker thread
+SETTLE: Optional[Callable[[], None]] = None  # installed by the sync layer: waits for launched programs
 
 
 def bump(name: str, amount: float = 1) -> None:
-    _counts[name] += amount
+    with _lock:
+        _counts[name] += amount
 
 
 def counters() -> Dict[str, float]:
     """A snapshot of every counter: ``traced_ops``, ``sync.<cause>``, ``graph_cache.hit``/``miss``, ``compiles``,
     ``compile_time_s``, ``executed_graphs``, ``executed_nodes``, ``fallback.<op>``, ``bytes_to_device``,
     ``bytes_from_device``, ... Counters never bumped are absent (read them with ``.get(name, 0)``)."""
-    snap = {k: (int(v) if float(v).is_integer() else v) for k, v in _counts.items() if v}
+    with _lock:
+        items = list(_counts.items())
+    snap = {k: (int(v) if float(v).is_integer() else v) for k, v in items if v}
     traced_ops = _C.traced_ops()
     if traced_ops:
         snap["traced_ops"] = traced_ops
@@ -39,7 +45,9 @@ def cache_summary() -> str:
 
 
 def reset() -> None:
-    """Zero every counter."""
+    """Zero every counter, once every launched program has finished (their counts belong before the reset)."""
+    if SETTLE is not None:
+        SETTLE()
     _counts.clear()
     _C.reset_counters()
 

@@ -120,4 +120,8 @@ def seeded(op: Any) -> Op:
             gen.set_state(state)
 
     fn = _SEEDED[op] = Op(f"seeded[{op}]", run, op)
+    SEEDED_OPS.add(fn)
     return fn
+
+
+SEEDED_OPS: set = set()  # every op made by ``seeded``

@@ -98,7 +98,10 @@ class Lowered:
         return buf
 
 
-def lower(lin: Linearized) -> Lowered:
+def lower(lin: Linearized, device: Optional[torch.device] = None) -> Lowered:
+    """The graph as kernel IR for a backend on ``device`` (whose eager kernels decide which dtypes an op takes:
+    Note [Dtypes eager rejects]; the cpu by default)."""
+    device = torch.device("cpu") if device is None else device
     kir.reset_names()
     out = Lowered()
     values.REALIZE = lambda v: from_buffer(out.realize(v))
@@ -120,7 +123,7 @@ def lower(lin: Linearized) -> Lowered:
         if node.op is GETITEM:
             vals[id(node)] = ins[0][node.args[0]]
             continue
-        v = _lower_node(out, node, ins, slot)
+        v = _lower_node(out, node, ins, slot, device)
         slot += n
         if isinstance(v, TVal) and v.buffer is None and users.get(id(node), 0) > 1:
             if recompute_cost(v(vars_for(v.shape, "x"))) > SHARED_INLINE_LIMIT:
@@ -191,19 +194,19 @@ def _meta(node: Node) -> tuple:
 # relu of bool): recording succeeds and the reference executor raises at the sync, but a lowered kernel would
 # compute a value. A pointwise node is lowered only if eager runs its op on one-element tensors of its inputs'
 # dtypes, with placeholder scalars so that the answer never depends on a runtime value; otherwise it stays an
-# extern call, which raises at the sync as the reference executor does. The probe runs once per signature and
-# input dtypes, on the cpu (the C++ backend's device).
+# extern call, which raises at the sync as the reference executor does. The probe runs once per signature, input
+# dtypes and device type, on the backing device the graph runs on (eager CUDA takes some that eager CPU rejects).
 _EAGER_ACCEPTS: Dict[tuple, bool] = {}
 
 
-def _eager_accepts(node: Node) -> bool:
+def _eager_accepts(node: Node, device: torch.device) -> bool:
     op = node.op
     if not isinstance(op, torch._ops.OpOverload) or torch.Tag.pointwise not in op.tags:
         return True
-    key = (node.sig, tuple(i.dtype for i in node.inputs))
+    key = (node.sig, tuple(i.dtype for i in node.inputs), device.type)
     ok = _EAGER_ACCEPTS.get(key)
     if ok is None:
-        ok = _EAGER_ACCEPTS[key] = _eager_runs(node)
+        ok = _EAGER_ACCEPTS[key] = _eager_runs(node, device)
     return ok
 
 
@@ -211,8 +214,8 @@ def _placeholder(marker: _Marker) -> Any:
     return None if marker is GENERATOR else _kind(marker)(1)
 
 
-def _eager_runs(node: Node) -> bool:
-    ins = iter([torch.ones((1,) * len(i.shape or ()), dtype=i.dtype) for i in node.inputs])
+def _eager_runs(node: Node, device: torch.device) -> bool:
+    ins = iter([torch.ones((1,) * len(i.shape or ()), dtype=i.dtype, device=device) for i in node.inputs])
     try:
         args = _fill(node.args, ins, _placeholder)
         kwargs = {k: _fill(v, ins, _placeholder) for k, v in node.kwargs}
@@ -223,8 +226,8 @@ def _eager_runs(node: Node) -> bool:
     return True
 
 
-def _lower_node(out: Lowered, node: Node, ins: List[Any], slot: int) -> Any:
-    if _supported(node) and _eager_accepts(node):
+def _lower_node(out: Lowered, node: Node, ins: List[Any], slot: int, device: torch.device) -> Any:
+    if _supported(node) and _eager_accepts(node, device):
         fn = LOWERINGS.get(_key(node.op))
         if fn is not None:
             try:

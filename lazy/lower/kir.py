@@ -170,7 +170,7 @@ def cast(x: Expr, dtype: torch.dtype) -> Expr:
     if x.dtype is dtype:
         return x
     if x.op == "const" and not (x.dtype.is_floating_point and not dtype.is_floating_point):
-        return const(x.args[0], dtype) if not (dtype is torch.bool) else const(x.args[0] != 0, dtype)
+        return const(x.args[0], dtype) if dtype is not torch.bool else const(x.args[0] != 0, dtype)
     if dtype is torch.uint8 and x.dtype.is_floating_point:
         # NOTE: eager converts floating -> uint8 through int64 (c10 static_cast_with_inter_type): -1.5 -> 255
         x = cast(x, torch.int64)

@@ -286,7 +286,7 @@ def _arena_layout(bufs: List[Any], defined: Dict[int, int], last_use: Dict[int, 
         nbytes = -(-max(_nbytes(b), 1) // _ALIGN) * _ALIGN
         first = defined[b.id]
         last = max(last_use.get(b.id, first), first)
-        busy = sorted((o, e) for o, e, f, l in placed if not (l < first or last < f))
+        busy = sorted((o, e) for o, e, f, end in placed if not (end < first or last < f))
         off = 0
         for o, e in busy:
             if off + nbytes <= o:

@@ -7,7 +7,7 @@ with the user's source line (``lazy.explain()`` lists them).
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Sequence
+from typing import Any, Callable, Iterable, List, Sequence
 
 import torch
 
@@ -24,6 +24,7 @@ from ..ir.node import DATA, Node, data_leaf
 from ..runtime.reference import run_node
 from ..trace import record
 from ..trace.views import value
+from . import launch
 
 __all__ = ["ImplicitSyncError", "backing_device", "data_of", "mark_step", "materialize", "sync_nodes",
            "sync_tensors", "wait_device_ops"]
@@ -31,6 +32,12 @@ __all__ = ["ImplicitSyncError", "backing_device", "data_of", "mark_step", "mater
 
 class ImplicitSyncError(RuntimeError):
     """Raised in strict mode (lazy.config.strict) by any sync other than mark_step."""
+
+
+# Functions called with (linearized graph, cache hit) after a graph is looked up and before it runs, installed by
+# the layers above (Note [Layers] in lazy/device/tensor.py): lazy.distributed checks there that every rank runs
+# the same collectives (Note [Collective sequences agree] in lazy/distributed/check.py).
+BEFORE_RUN: List[Callable[[Any, bool], None]] = []
 
 
 def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -> List[torch.Tensor]:
@@ -46,7 +53,7 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
     pending = [st for st in storages if st.value.op is not DATA]
     if all(r.op is DATA for r in roots) and not pending:
         SYNC_LOG.append(SyncRecord(cause, where, 0, None))
-        return [r.data for r in roots]
+        return [launch.ready(r.data) for r in roots]
     lin = linearize(list(roots) + [st.value for st in pending])
     chosen = set(map(id, pending))
     others = [st for st in pending_storages() if id(st) not in chosen]  # none at a mark_step
@@ -57,13 +64,29 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
     device = backing_device()
     program, hit = graph_cache.lookup(lin, device)
     try:
-        outs = program.run(lin.leaves, lin.scalars)
+        for hook in BEFORE_RUN:
+            hook(lin, hit)
     except Exception:
-        # Eager would have raised at the op; here the graph raised. Its values stay IR (using them raises again),
-        # but later mark_steps skip them, so one failed graph does not make every later step fail.
         for st in pending:
             st.failed = st.value
         raise
+    # Note [Asynchronous execution] (sync/launch.py): a sync that returns no data launches and returns
+    strides = launch.layout_known(program) if not roots and config.async_execution else None
+    if strides is not None and record.CAPTURE is None:
+        launch.check_leaves(lin.leaves)
+        outs = launch.launch(program, lin.leaves, lin.scalars, [st.value for st in pending], strides,
+                             [(st, st.value) for st in pending], where, device)
+    else:
+        launch.ready_all(lin.leaves)
+        try:
+            outs = program.run(lin.leaves, lin.scalars)
+        except Exception:
+            # Eager would have raised at the op; here the graph raised. Its values stay IR (using them raises
+            # again), but later mark_steps skip them, so one failed graph does not make every later step fail.
+            for st in pending:
+                st.failed = st.value
+            raise
+        launch.remember_layout(program, outs, lin.order)
     for st, out in zip(pending, outs[len(roots):]):
         st.value = data_leaf(out)
         st.version += 1
@@ -90,7 +113,7 @@ def data_of(t: LazyTensor, cause: str) -> torch.Tensor:
 
 def _count(node: Node, cause: str) -> torch.Tensor:
     metrics.bump(f"sync.{cause}")
-    return node.data
+    return launch.ready(node.data)
 
 
 def materialize(t: LazyTensor, cause: str) -> torch.Tensor:
@@ -123,7 +146,9 @@ def mark_step() -> None:
 
 
 def wait_device_ops() -> None:
-    """Block until every launched graph has finished (execution is synchronous for now; CUDA is synchronized)."""
+    """Block until every launched graph has finished (Note [Asynchronous execution]); on cuda, until the device
+    has run what they enqueued. Raises the error of a launched graph that failed."""
+    launch.wait_all()
     if backing_device().type == "cuda":
         torch.cuda.synchronize(backing_device())
 

@@ -17,13 +17,13 @@ from .. import _C
 from ..config import config
 from ..debug import metrics
 from ..debug.log import log
-from ..device.backing import backing_device, eager_dispatch
+from ..device.backing import backing_device
 from ..device.tensor import LAZY_DEVICE, LazyTensor, Storage, adopt, new_tensor, wrap
 from ..ir.layout import contiguous_stride, non_overlapping_and_dense, storage_numel
 from ..ir.node import DEVICE, GENERATOR, GETITEM, SCALAR_MARKERS, TENSOR, Node, data_leaf, getitem
 from ..ir.ops import SEED_KWARG, functionalized, seeded
 from . import views
-from .meta import MEMO, Out, Unrecordable, UnsupportedLayout, infer
+from .meta import MEMO, Out, Unrecordable, infer
 from .schema import RUNTIME_MEMO_VALUE, STATIC, OpDesc, describe
 
 aten = torch.ops.aten
@@ -567,6 +567,16 @@ _SPECIAL: Dict[Any, Callable[..., Any]] = {
     aten.resize_.default: record_resize,
     aten.resize_as_.default: record_resize,
 }
+
+
+def register_special(op: Any, handler: Callable[..., Any]) -> None:
+    """Record ``op`` with ``handler(func, args, kwargs)`` instead of the rule its schema picks: how a layer above
+    (lazy.distributed, for collectives) adds recording rules of its own (Note [Layers] in lazy/device/tensor.py).
+    Must run before the op's first call: the C fast path never sees an op with a special handler."""
+    _SPECIAL[op] = handler
+    _HANDLERS.pop(id(op), None)
+
+
 _BY_KIND = {"functional": record_functional, "view": record_view, "inplace": record_inplace, "out": record_out,
             "inplace_view": record_inplace_view}
 

@@ -1,0 +1,188 @@
+"""What a cached ``@lazy.compile`` call costs around its kernel, side by side with eager and a cached torch.compile.
+
+Measured in one run, each figure the fastest of interleaved rounds (the box is shared):
+  1. a trivial function ``x + 1`` at 16x16: eager, the cached lazy.compile call (frame hook, guard program, replay,
+     program) and the cached torch.compile call; lazy's call split into its guard check, its replay without the
+     program, and the program's run (the kernel), so "overhead" is the call minus the program;
+  2. guard checks: the guard program (C) and the Python check of the same entry, per entry and per guard, for the
+     trivial function and for a function of 10 tensor arguments;
+  3. a 200-op pointwise chain at 16x16: eager, cached lazy.compile, cached torch.compile (lazy's overhead apart from
+     its kernel, as in 1);
+  4. the frame hook's cost on a plain Python call that is not compiled (the hook installed vs not).
+
+    python benchmarks/capture_overhead.py          # ~1 min
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import torch
+
+os.environ.setdefault("LAZY_COMPILER", "cpp")
+os.environ["LAZY_CACHE_DIR"] = tempfile.mkdtemp(prefix="lazy-bench-cache-")
+import lazy  # noqa: E402
+import machine  # noqa: E402
+from lazy import _C  # noqa: E402
+from lazy.capture.function import state_of  # noqa: E402
+
+L = "lazy"
+OPS = (lambda t: t * 1.01, lambda t: t + 0.1, lambda t: t.sin(), lambda t: t.relu(), lambda t: t - 0.05)
+
+
+def bench(fns: list, reps: int, inner: int = 20) -> list:
+    """Fastest µs per call of each of ``fns``, interleaved (one batch of ``inner`` calls of each per round)."""
+    best = [float("inf")] * len(fns)
+    for _ in range(reps):
+        for i, fn in enumerate(fns):
+            t = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            best[i] = min(best[i], (time.perf_counter() - t) / inner * 1e6)
+    return best
+
+
+def load() -> str:
+    return f"load {os.getloadavg()[0]:.2f}"
+
+
+def program_arguments(fn, args: tuple) -> tuple:
+    """(program, inputs, scalars) of one replay of ``fn``'s first entry on ``args``: what its program runs on."""
+    entry = state_of(fn).entries[0]
+    program, seen = entry.program, []
+    run = program.run
+    program.run = lambda inputs, scalars: seen.append((inputs, scalars)) or run(inputs, scalars)
+    try:
+        entry.run(args)
+    finally:
+        del program.run
+    return program, seen[0][0], seen[0][1]
+
+
+def lazy_split(fn, args: tuple) -> list:
+    """µs per call of: the guard check, the replay (its program included) and the program alone, for ``fn``'s first
+    entry on ``args``."""
+    entry = state_of(fn).entries[0]
+    program, inputs, scalars = program_arguments(fn, args)
+    return [lambda: entry.check(args), lambda: entry.run(args), lambda: program.run(inputs, scalars)]
+
+
+def row(name: str, eager: float, lazy_us: float, compiled: float) -> str:
+    return f"{name:<42}{eager:10.2f}{lazy_us:14.2f}{compiled:16.2f}{lazy_us / eager:11.2f}x{lazy_us / compiled:9.2f}x"
+
+
+def trivial() -> None:
+    def f(x):
+        return x + 1
+
+    def plain(x):
+        return x + 1
+
+    x = torch.randn(16, 16)
+    xl = x.to(L)
+    lazy.compile(f)
+    tc = torch.compile(plain)
+    for _ in range(3):
+        f(xl)
+        tc(x)
+    torch.testing.assert_close(f(xl).cpu(), tc(x))
+    eager, lz, compiled, check, replay, kernel = bench(
+        [lambda: plain(x), lambda: f(xl), lambda: tc(x)] + lazy_split(f, (xl,)), reps=300)
+    print(f"\n1. trivial function x + 1 at 16x16, µs per cached call ({load()})")
+    print(f"{'':<42}{'eager':>10}{'lazy.compile':>14}{'torch.compile':>16}{'lazy/eager':>12}{'lazy/tc':>10}")
+    print(row("call", eager, lz, compiled))
+    print(f"  lazy: overhead apart from the program {lz - kernel:.2f} µs: guard check {check:.2f}, replay without its "
+          f"program {replay - kernel:.2f}, hook and handler {lz - check - replay:.2f}; the program {kernel:.2f}")
+
+
+def guard_checks() -> None:
+    names = [f"a{i}" for i in range(10)]
+    src = f"def g({', '.join(names)}):\n    return {' + '.join(names)}\n"
+    scope: dict = {}
+    exec(compile(src, "<capture_overhead>", "exec"), scope)  # noqa: S102 -- a 10-argument function
+    g = lazy.compile(scope["g"])
+    args = tuple(torch.randn(16, 16).to(L) for _ in range(10))
+    g(*args)
+    g(*args)
+
+    def f(x):
+        return x * 2
+
+    lazy.compile(f)
+    x = torch.randn(16, 16).to(L)
+    f(x)
+    print(f"\n2. guard checks, µs per entry check ({load()})")
+    print(f"{'entry':<34}{'guards':>8}{'C program':>12}{'Python':>10}{'C per guard':>14}{'residual':>10}")
+    for name, fn, A in (("x * 2 (1 tensor)", f, (x,)), ("10 tensor arguments", g, args)):
+        entry = state_of(fn).entries[0]
+        assert entry.check(A) and entry.python_check(A)
+        c, py = bench([lambda: entry.check(A), lambda: entry.python_check(A)], reps=300)
+        print(f"{name:<34}{entry.num_guards:>8}{c:12.2f}{py:10.2f}{c / entry.num_guards:14.3f}"
+              f"{len(entry.residual_guards):>10}")
+
+
+def chain_200() -> None:
+    def chain(x):
+        for i in range(200):
+            x = OPS[i % 5](x)
+        return x
+
+    def plain(x):
+        for i in range(200):
+            x = OPS[i % 5](x)
+        return x
+
+    x = torch.randn(16, 16)
+    xl = x.to(L)
+    lazy.compile(chain)
+    tc = torch.compile(plain)
+    for _ in range(3):
+        chain(xl)
+        tc(x)
+    torch.testing.assert_close(chain(xl).cpu(), tc(x), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(plain(x), tc(x), rtol=1e-4, atol=1e-5)
+    eager, lz, compiled, check, replay, kernel = bench(
+        [lambda: plain(x), lambda: chain(xl), lambda: tc(x)] + lazy_split(chain, (xl,)), reps=100, inner=5)
+    print(f"\n3. 200-op pointwise chain at 16x16, µs per cached call ({load()})")
+    print(f"{'':<42}{'eager':>10}{'lazy.compile':>14}{'torch.compile':>16}{'lazy/eager':>12}{'lazy/tc':>10}")
+    print(row("call", eager, lz, compiled))
+    print(f"  lazy: overhead apart from the program {lz - kernel:.2f} µs: guard check {check:.2f}, replay without its "
+          f"program {replay - kernel:.2f} ({len(program_arguments(chain, (xl,))[2])} runtime scalars), hook and "
+          f"handler {lz - check - replay:.2f}; the program {kernel:.2f}")
+
+
+def hook_on_plain_calls() -> None:
+    def callee(a, b):
+        return a
+
+    def caller():
+        for i in range(100):
+            callee(i, i)
+
+    lazy.compile.reset()
+    off = bench([caller], reps=200)[0]
+
+    def registered(x):
+        return x
+
+    lazy.compile(registered)
+    assert _C.capture_hook_installed()
+    on = bench([caller], reps=200)[0]
+    lazy.compile.reset()
+    print(f"\n4. a plain Python call (not compiled), ns per call ({load()})")
+    print(f"hook not installed {off * 10:.1f} ns, installed {on * 10:.1f} ns ({on / off:.2f}x: CPython calls Python "
+          "functions through vectorcall, not inline, while any PEP 523 hook is installed)")
+
+
+def main() -> None:
+    print(machine.describe())
+    lazy.config.capture_verify = False
+    trivial()
+    guard_checks()
+    chain_200()
+    hook_on_plain_calls()
+
+
+if __name__ == "__main__":
+    main()

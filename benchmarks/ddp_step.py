@@ -1,0 +1,147 @@
+"""Time a data-parallel training step (DistributedDataParallel, AdamW) on lazy, eager and torch.compile, over gloo.
+
+    python benchmarks/ddp_step.py                 # ~3 min on 2 cores, most of it torch.compile compiling
+    python benchmarks/ddp_step.py --no-compile    # eager and lazy only
+    python benchmarks/ddp_step.py --d 128 --batch 32 --steps 30
+    python benchmarks/ddp_step.py --device cuda --d 256 --batch 64   # 2 GPUs: one per rank, NCCL
+
+The script starts the ranks itself, as torchrun would (one process per rank, 1 thread each, a ``file://``
+rendezvous, gloo on the cpu), once with 1 process and once with 2. Every rank trains the same GPT (tests/models.py's
+TinyGPT, sized by the flags) on its own batch of --batch sequences; each step is forward, backward (DDP all-reduces
+the gradients: inside the step's graph on lazy), AdamW, and a sync (lazy: ``lazy.mark_step()``). Time per step is
+the median over --steps steps after --warmup steps on rank 0. Samples/s = ranks x batch / step time; scaling is
+samples/s with 2 processes over samples/s with 1, per backend (2.0 would be perfect; on a 2-core machine both
+processes also share the cores with the backend's own work). torch.compile: ``torch.compile(DDP(model))`` (inductor,
+DDP's graph-break optimizer), the optimizer step eager; its first step (the compile) is not in the median.
+With --device cuda each rank uses its own GPU (cuda:RANK): eager and torch.compile over NCCL, lazy with that GPU as
+its backing device and the ``lazy`` backend (NCCL); each step then ends in a device synchronization too.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import machine
+
+RESULT = "RESULT "
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+    from models import TinyGPT
+
+    import lazy
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    backend = args.worker
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+        lazy.config.backing_device = f"cuda:{rank}"
+    eager_pg = "nccl" if cuda else "gloo"
+    dist.init_process_group("lazy" if backend == "lazy" else eager_pg, init_method=os.environ["DIST_INIT"],
+                            rank=rank, world_size=world)
+    device = "lazy" if backend == "lazy" else f"cuda:{rank}" if cuda else "cpu"
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=args.vocab, d=args.d, heads=4, layers=args.layers, block=args.block).to(device)
+    net = DDP(model)
+    if backend == "compile":
+        net = torch.compile(net)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(rank)
+    batches = [torch.randint(0, args.vocab, (args.batch, args.block + 1), generator=g) for _ in range(4)]
+    times = []
+    for step in range(args.warmup + args.steps):
+        seq = batches[step % len(batches)]
+        start = time.perf_counter()
+        x, y = seq[:, :-1].to(device), seq[:, 1:].to(device)
+        out = net(x)
+        loss = F.cross_entropy(out.reshape(-1, args.vocab), y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if backend == "lazy":
+            lazy.mark_step()
+            lazy.wait_device_ops()
+        elif cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    final = float(loss)
+    steady = times[args.warmup:]
+    if rank == 0:
+        print(RESULT + json.dumps({"first_ms": times[0] * 1e3, "step_ms": statistics.median(steady) * 1e3,
+                                   "loss": final,
+                                   "graphs": lazy.metrics.counter("compiles") if backend == "lazy" else None}),
+              flush=True)
+    dist.destroy_process_group()
+
+
+def launch(backend: str, world: int, args: argparse.Namespace) -> dict:
+    """Run ``world`` ranks of the worker for ``backend``; rank 0's result."""
+    tmp = tempfile.mkdtemp(prefix="lazy-ddp-bench-")
+    flags = [f"--{k}={getattr(args, k)}" for k in ("d", "layers", "block", "vocab", "batch", "steps", "warmup",
+                                                      "device")]
+    env = dict(os.environ, WORLD_SIZE=str(world), DIST_INIT=f"file://{tmp}/store", OMP_NUM_THREADS="1",
+               PYTHONWARNINGS="ignore")
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker", backend] + flags,
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(world)]
+    outs = [p.communicate() for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        if p.returncode != 0:
+            raise RuntimeError(f"{backend} x{world} failed:\n{err[-3000:]}")
+    line = next(line for line in outs[0][0].splitlines() if line.startswith(RESULT))
+    return json.loads(line[len(RESULT):])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--d", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--block", type=int, default=32)
+    parser.add_argument("--vocab", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=16, help="sequences per rank")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda: one GPU per rank, NCCL")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    if args.device == "cuda":
+        os.environ["LAZY_BACKING_DEVICE"] = "cuda"  # for the machine line's GPU (the workers pick cuda:RANK)
+    print(machine.describe())
+    print(f"TinyGPT d={args.d} layers={args.layers} block={args.block} vocab={args.vocab}, batch {args.batch} per "
+          f"rank, DDP + AdamW, {'NCCL' if args.device == 'cuda' else 'gloo'}, 1 thread per process; median of "
+          f"{args.steps} steps after {args.warmup}")
+    backends = ["eager", "lazy"] + ([] if args.no_compile else ["compile"])
+    del args.no_compile
+    results = {(b, w): launch(b, w, args) for w in (1, 2) for b in backends}
+    print(f"{'backend':<9}{'ranks':>6}{'step ms':>10}{'samples/s':>11}{'vs eager':>10}{'first ms':>10}{'loss':>9}")
+    for w in (1, 2):
+        for b in backends:
+            r = results[(b, w)]
+            sps = w * args.batch / (r["step_ms"] / 1e3)
+            ratio = results[("eager", w)]["step_ms"] / r["step_ms"]
+            print(f"{b:<9}{w:>6}{r['step_ms']:>10.2f}{sps:>11.0f}{ratio:>9.2f}x{r['first_ms']:>10.0f}"
+                  f"{r['loss']:>9.4f}")
+    print("vs eager: eager's step time over the backend's (above 1: faster than eager DDP)")
+    for b in backends:
+        scaling = 2 * results[(b, 1)]["step_ms"] / results[(b, 2)]["step_ms"]
+        print(f"scaling 1 -> 2 processes, {b}: {scaling:.2f}x samples/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,335 @@
+// The guards of a lazy.compile entry as a small register program, evaluated in C (lazy/capture/guards.py builds it).
+//
+// Note [Guard programs]
+// An entry's guards (Note [Guards] in lazy/capture/session.py) are checks on values read from the call's bound
+// arguments: A[i], its attributes and items, objects the capture holds. The Python check (lazy/capture/replay.py)
+// renders them as one generated expression; a GuardProgram is the same check as a list of instructions over
+// registers: loads (an argument, a constant, an attribute, an item) and tests (identity, exact type, equality with
+// the expected value's exact type, truth, None-ness, length, absence of a key or an attribute, a lazy tensor's
+// signature, a call of a Python helper compared with its expected result, the global state: grad and inference mode
+// read from c10, the rest through the readers replay.global_state calls). A program answers what the Python check
+// answers: the conjunction of every test, where a load or test that raises counts as false (the Python check's
+// ``except Exception: return False``); its tests have no side effects beyond those of the loads the Python check also
+// makes, so the order does not change the answer. Each load happens once per call, into its register, as the Python
+// check's shared temporaries do. A guard whose expression the program cannot load (arithmetic, calls) stays in a
+// residual Python check that runs after the program (guards.py). Failure reasons still come from the Python renderer
+// (Entry.failures), which reports each guard on its own.
+#include "capture_guards.h"
+
+#include "alias.h"
+#include "ir.h"
+
+#include <cstddef>
+#include <vector>
+
+namespace lazy {
+
+namespace {
+
+// The instruction set; lazy/capture/guards.py's OPS lists the same names in the same order.
+enum Op : int {
+  kArg,         // r[dst] = A[n]
+  kConst,       // r[dst] = a
+  kAttr,        // r[dst] = getattr(r[src], a)
+  kItem,        // r[dst] = r[src][a]
+  kIs,          // r[src] is a
+  kTypeIs,      // type(r[src]) is a
+  kEq,          // type(r[src]) is b and r[src] == a
+  kTruth,       // bool(r[src]) is bool(n)
+  kIsNone,      // (r[src] is None) is bool(n)
+  kLen,         // len(r[src]) == n
+  kAbsent,      // a not in r[src]
+  kHasAttr,     // hasattr(r[src], a) is bool(n) (an exception other than AttributeError: false)
+  kCallEq,      // a(r[src]) == b; a() == b when src < 0
+  kCallTrue,    // a(r[src], b) is True
+  kLazyTensor,  // r[src] is a lazy tensor whose signature (policy.tensor_signature) equals b
+  kState,       // replay.global_state() == b: grad and inference mode from c10, b[2:] == tuple(f() for f in a)
+  kNumOps,
+};
+
+struct Ins {
+  int op;
+  int dst;
+  int src;
+  long long n;
+  PyObject* a;  // strong references, owned by the program
+  PyObject* b;
+};
+
+struct GuardProgram {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  std::vector<Ins>* code;
+  int nregs;
+  PyTypeObject* lazy_type;  // strong reference
+};
+
+PyObject* s_lz_desc = nullptr;
+PyObject* s_lz_chain = nullptr;
+PyObject* s_lz_st = nullptr;
+PyObject* s_numel = nullptr;
+
+// 1 if equal, 0 if not, -1 on an error (Python's ``==`` then ``bool``, no identity shortcut: nan != nan).
+int equal(PyObject* x, PyObject* y) {
+  PyObject* r = PyObject_RichCompare(x, y, Py_EQ);
+  if (r == nullptr) return -1;
+  int truth = PyObject_IsTrue(r);
+  Py_DECREF(r);
+  return truth;
+}
+
+// hasattr(x, name): 1, 0, or -1 on an error other than AttributeError.
+int has_attr(PyObject* x, PyObject* name) {
+  PyObject* v = PyObject_GetAttr(x, name);
+  if (v != nullptr) {
+    Py_DECREF(v);
+    return 1;
+  }
+  if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+  PyErr_Clear();
+  return 0;
+}
+
+// An attribute compared with an expected value; 1 if equal.
+int attr_equal(PyObject* x, PyObject* name, PyObject* expected) {
+  PyObject* v = PyObject_GetAttr(x, name);
+  if (v == nullptr) return -1;
+  int r = v == expected ? 1 : equal(v, expected);
+  Py_DECREF(v);
+  return r;
+}
+
+// ("lazy", desc, requires_grad, chained, numel) == expected, read field by field without building the tuple.
+int lazy_tensor_matches(PyObject* t, PyObject* expected, PyTypeObject* lazy_type) {
+  if (!PyObject_TypeCheck(t, lazy_type) || !PyTuple_CheckExact(expected) || PyTuple_GET_SIZE(expected) != 5) return 0;
+  if (attr_equal(t, s_lz_desc, PyTuple_GET_ITEM(expected, 1)) != 1) return 0;
+  int requires_grad = tensor_requires_grad(t);
+  if (requires_grad < 0) return -1;
+  if ((requires_grad ? Py_True : Py_False) != PyTuple_GET_ITEM(expected, 2)) return 0;
+  PyObject* chain = PyObject_GetAttr(t, s_lz_chain);
+  if (chain == nullptr) return -1;
+  bool chained = chain != Py_None;
+  Py_DECREF(chain);
+  if (chained != (PyTuple_GET_ITEM(expected, 3) == Py_True)) return 0;
+  PyObject* st = PyObject_GetAttr(t, s_lz_st);
+  if (st == nullptr) return -1;
+  int r;
+  if (Py_TYPE(st) == &StorageType) {  // the C Storage (csrc/ir.cpp): its numel is a field
+    PyObject* expected_numel = PyTuple_GET_ITEM(expected, 4);
+    long long numel = PyLong_Check(expected_numel) ? PyLong_AsLongLong(expected_numel) : -1;
+    r = numel == reinterpret_cast<StorageObject*>(st)->numel && !PyErr_Occurred();
+  } else {
+    r = attr_equal(st, s_numel, PyTuple_GET_ITEM(expected, 4));
+  }
+  Py_DECREF(st);
+  return r;
+}
+
+// One instruction: 1 (holds / loaded), 0 (fails), -1 (raised: fails).
+int step(const Ins& ins, PyObject** r, PyObject* A, PyTypeObject* lazy_type) {
+  PyObject* x = ins.src >= 0 ? r[ins.src] : nullptr;
+  if (ins.src >= 0 && x == nullptr) return 0;  // (never: loads come first; a program is built that way)
+  switch (ins.op) {
+    case kArg:
+      if (ins.n < 0 || ins.n >= PyTuple_GET_SIZE(A)) return 0;
+      r[ins.dst] = Py_NewRef(PyTuple_GET_ITEM(A, ins.n));
+      return 1;
+    case kConst:
+      r[ins.dst] = Py_NewRef(ins.a);
+      return 1;
+    case kAttr:
+      r[ins.dst] = PyObject_GetAttr(x, ins.a);
+      return r[ins.dst] != nullptr ? 1 : -1;
+    case kItem:
+      if (PyDict_CheckExact(x)) {  // what x[a] does for a dict, without the method call
+        PyObject* v = PyDict_GetItemWithError(x, ins.a);
+        if (v == nullptr) return -1;
+        r[ins.dst] = Py_NewRef(v);
+        return 1;
+      }
+      r[ins.dst] = PyObject_GetItem(x, ins.a);
+      return r[ins.dst] != nullptr ? 1 : -1;
+    case kIs:
+      return x == ins.a;
+    case kTypeIs:
+      return reinterpret_cast<PyObject*>(Py_TYPE(x)) == ins.a;
+    case kEq:
+      if (reinterpret_cast<PyObject*>(Py_TYPE(x)) != ins.b) return 0;
+      return equal(x, ins.a);
+    case kTruth: {
+      int truth = PyObject_IsTrue(x);
+      return truth < 0 ? -1 : truth == (ins.n != 0);
+    }
+    case kIsNone:
+      return (x == Py_None) == (ins.n != 0);
+    case kLen: {
+      Py_ssize_t n = PyObject_Length(x);
+      return n < 0 ? -1 : n == ins.n;
+    }
+    case kAbsent: {
+      int in = PySequence_Contains(x, ins.a);
+      return in < 0 ? -1 : !in;
+    }
+    case kHasAttr: {
+      int has = has_attr(x, ins.a);
+      return has < 0 ? -1 : has == (ins.n != 0);
+    }
+    case kCallEq: {
+      PyObject* v = x != nullptr ? PyObject_CallOneArg(ins.a, x) : PyObject_CallNoArgs(ins.a);
+      if (v == nullptr) return -1;
+      int eq = equal(v, ins.b);
+      Py_DECREF(v);
+      return eq;
+    }
+    case kCallTrue: {
+      PyObject* v = PyObject_CallFunctionObjArgs(ins.a, x, ins.b, nullptr);
+      if (v == nullptr) return -1;
+      int ok = v == Py_True;
+      Py_DECREF(v);
+      return ok;
+    }
+    case kLazyTensor:
+      return lazy_tensor_matches(x, ins.b, lazy_type);
+    case kState: {
+      Py_ssize_t n = PyTuple_GET_SIZE(ins.a);
+      if ((grad_mode_enabled() ? Py_True : Py_False) != PyTuple_GET_ITEM(ins.b, 0) ||
+          (inference_mode_enabled() ? Py_True : Py_False) != PyTuple_GET_ITEM(ins.b, 1)) {
+        return 0;
+      }
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* v = PyObject_CallNoArgs(PyTuple_GET_ITEM(ins.a, i));
+        if (v == nullptr) return -1;
+        PyObject* want = PyTuple_GET_ITEM(ins.b, i + 2);
+        int eq = v == want ? 1 : equal(v, want);
+        Py_DECREF(v);
+        if (eq != 1) return eq;
+      }
+      return 1;
+    }
+    default:
+      return 0;
+  }
+}
+
+bool run(GuardProgram* self, PyObject* A) {
+  PyObject* stack_regs[32];
+  std::vector<PyObject*> heap_regs;
+  PyObject** r = stack_regs;
+  if (self->nregs > 32) {
+    heap_regs.resize(self->nregs);
+    r = heap_regs.data();
+  }
+  for (int i = 0; i < self->nregs; ++i) r[i] = nullptr;
+  bool ok = true;
+  for (const Ins& ins : *self->code) {
+    if (step(ins, r, A, self->lazy_type) != 1) {
+      ok = false;
+      break;
+    }
+  }
+  if (!ok && PyErr_Occurred()) PyErr_Clear();  // a guard that raises does not hold (the Python check's except)
+  for (int i = 0; i < self->nregs; ++i) Py_XDECREF(r[i]);
+  return ok;
+}
+
+PyObject* program_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != nullptr || !PyTuple_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "a guard program takes the bound arguments, a tuple");
+    return nullptr;
+  }
+  return PyBool_FromLong(run(reinterpret_cast<GuardProgram*>(self), args[0]));
+}
+
+void program_dealloc(PyObject* self) {
+  auto* p = reinterpret_cast<GuardProgram*>(self);
+  if (p->code != nullptr) {
+    for (Ins& ins : *p->code) {
+      Py_XDECREF(ins.a);
+      Py_XDECREF(ins.b);
+    }
+    delete p->code;
+  }
+  Py_XDECREF(reinterpret_cast<PyObject*>(p->lazy_type));
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyObject* program_size(PyObject* self, void*) {
+  return PyLong_FromSsize_t(static_cast<Py_ssize_t>(reinterpret_cast<GuardProgram*>(self)->code->size()));
+}
+
+PyGetSetDef program_getset[] = {
+    {"size", program_size, nullptr, "the number of instructions", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+PyTypeObject GuardProgramType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+}  // namespace
+
+bool init_guard_types() {
+  GuardProgramType.tp_name = "lazy._C.GuardProgram";
+  GuardProgramType.tp_basicsize = sizeof(GuardProgram);
+  GuardProgramType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  GuardProgramType.tp_vectorcall_offset = offsetof(GuardProgram, vectorcall);
+  GuardProgramType.tp_call = PyVectorcall_Call;
+  GuardProgramType.tp_dealloc = program_dealloc;
+  GuardProgramType.tp_getset = program_getset;
+  GuardProgramType.tp_doc = "guard_program(instructions, nregs, lazy_type): an entry's guards, callable on A (bool)";
+  s_lz_desc = PyUnicode_InternFromString("_lz_desc");
+  s_lz_chain = PyUnicode_InternFromString("_lz_chain");
+  s_lz_st = PyUnicode_InternFromString("_lz_st");
+  s_numel = PyUnicode_InternFromString("numel");
+  return PyType_Ready(&GuardProgramType) == 0 && s_lz_desc && s_lz_chain && s_lz_st && s_numel;
+}
+
+PyObject* guard_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 || !PyList_Check(args[0]) || !PyLong_Check(args[1]) || !PyType_Check(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "guard_program(instructions: list, nregs: int, lazy_type: type)");
+    return nullptr;
+  }
+  long nregs = PyLong_AsLong(args[1]);
+  if (nregs < 0 || nregs > 1 << 20) {
+    PyErr_SetString(PyExc_ValueError, "guard_program: nregs out of range");
+    return nullptr;
+  }
+  auto* code = new std::vector<Ins>();
+  Py_ssize_t n = PyList_GET_SIZE(args[0]);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* t = PyList_GET_ITEM(args[0], i);
+    Ins ins{};
+    PyObject *a = nullptr, *b = nullptr;
+    if (!PyTuple_Check(t) || !PyArg_ParseTuple(t, "iiiLOO", &ins.op, &ins.dst, &ins.src, &ins.n, &a, &b) ||
+        ins.op < 0 || ins.op >= kNumOps || ins.dst >= nregs || ins.src >= nregs ||
+        ((ins.op == kArg || ins.op == kConst || ins.op == kAttr || ins.op == kItem) && ins.dst < 0) ||
+        (ins.op != kArg && ins.op != kConst && ins.op != kCallEq && ins.op != kState && ins.src < 0) ||
+        (ins.op == kState && (!PyTuple_Check(a) || !PyTuple_Check(b) ||
+                              PyTuple_GET_SIZE(b) != PyTuple_GET_SIZE(a) + 2))) {
+      for (Ins& done : *code) {
+        Py_XDECREF(done.a);
+        Py_XDECREF(done.b);
+      }
+      delete code;
+      if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "guard_program: bad instruction %zd", i);
+      return nullptr;
+    }
+    ins.a = Py_NewRef(a);
+    ins.b = Py_NewRef(b);
+    code->push_back(ins);
+  }
+  auto* p = PyObject_New(GuardProgram, &GuardProgramType);
+  if (p == nullptr) {
+    for (Ins& done : *code) {
+      Py_XDECREF(done.a);
+      Py_XDECREF(done.b);
+    }
+    delete code;
+    return nullptr;
+  }
+  p->vectorcall = program_vectorcall;
+  p->code = code;
+  p->nregs = static_cast<int>(nregs);
+  p->lazy_type = reinterpret_cast<PyTypeObject*>(Py_NewRef(args[2]));
+  return reinterpret_cast<PyObject*>(p);
+}
+
+}  // namespace lazy

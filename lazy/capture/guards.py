@@ -1,0 +1,111 @@
+"""An entry's guards as a C program (csrc/capture_guards.cpp, Note [Guard programs]).
+
+``compile_guards(state, guards)`` translates the global-state guard and every guard whose expression is a chain of
+loads (an argument, an object the capture holds, attributes, items at constant keys) into one ``GuardProgram``; the
+guards it cannot express (expressions with arithmetic or calls) come back as the residual, which the entry checks
+with its Python renderer after the program holds. Both answer exactly what the Python check answers (the tests hold
+them to it, guard kind by guard kind).
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from .. import _C
+from ..device.tensor import LazyTensor
+from .expr import E
+
+# The instruction set, in the order of csrc/capture_guards.cpp's enum Op.
+OPS = ("arg", "const", "attr", "item", "is", "type_is", "eq", "truth", "is_none", "len", "absent", "has_attr",
+       "call_eq", "call_true", "lazy_tensor", "state")
+OP = {name: i for i, name in enumerate(OPS)}
+
+Guard = Tuple[str, E, Any]
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.code: List[tuple] = []
+        self.regs: Dict[E, int] = {}
+
+    def emit(self, op: str, dst: int = -1, src: int = -1, n: int = 0, a: Any = None, b: Any = None) -> None:
+        self.code.append((OP[op], dst, src, n, a, b))
+
+    def load(self, e: Any) -> Optional[int]:
+        """The register holding ``e``'s value (loaded once per call), or None where ``e`` is not a chain of loads."""
+        if type(e) is not E:
+            return None
+        r = self.regs.get(e)
+        if r is not None:
+            return r
+        op, args = e.op, e.args
+        if op == "attr" or op == "item":
+            if op == "item" and type(args[1]) is E:
+                return None
+            src = self.load(args[0])
+            if src is None:
+                return None
+            r = len(self.regs)
+            self.emit(op, r, src, a=sys.intern(args[1]) if op == "attr" else args[1])
+        elif op == "arg":
+            r = len(self.regs)
+            self.emit("arg", r, n=args[0])
+        elif op == "obj":
+            r = len(self.regs)
+            self.emit("const", r, a=args[0])
+        else:
+            return None
+        self.regs[e] = r
+        return r
+
+    def guard(self, kind: str, e: E, expected: Any, keys_same: Any, tensor_signature: Any) -> bool:
+        src = self.load(e)
+        if src is None:
+            return False
+        if kind == "id" or kind == "eq" and isinstance(expected, torch.Tensor):
+            self.emit("is", src=src, a=expected)
+        elif kind == "type":
+            self.emit("type_is", src=src, a=expected)
+        elif kind == "eq":
+            self.emit("eq", src=src, a=expected, b=type(expected))
+        elif kind == "truth":
+            self.emit("truth", src=src, n=int(bool(expected)))
+        elif kind == "isnone":
+            self.emit("is_none", src=src, n=int(bool(expected)))
+        elif kind == "len":
+            self.emit("len", src=src, n=expected)
+        elif kind == "keys":
+            self.emit("call_true", src=src, a=keys_same, b=expected)
+        elif kind == "tensor" and type(expected) is tuple and expected and expected[0] == "lazy":
+            self.emit("lazy_tensor", src=src, b=expected)
+        elif kind == "tensor":
+            self.emit("call_eq", src=src, a=tensor_signature, b=expected)
+        elif kind == "absent":
+            self.emit("absent", src=src, a=expected)
+        elif kind == "noattr":
+            self.emit("has_attr", src=src, a=sys.intern(expected), n=0)
+        elif kind == "hasattr":
+            self.emit("has_attr", src=src, a=sys.intern(expected[0]), n=int(bool(expected[1])))
+        else:
+            return False
+        return True
+
+
+def compile_guards(state: tuple, guards: List[Guard], state_calls: tuple, keys_same: Any,
+                   tensor_signature: Any) -> Tuple[Any, List[Guard]]:
+    """(program, residual): the program checks the global state (``state``: grad mode, inference mode, then the
+    values of ``state_calls``, as replay.global_state() reads them) and every guard it can express; the residual
+    lists the others, in their order."""
+    b = _Builder()
+    b.emit("state", a=tuple(state_calls), b=state)
+    residual = []
+    for kind, e, expected in guards:
+        mark, regs = len(b.code), dict(b.regs)
+        if not b.guard(kind, e, expected, keys_same, tensor_signature):
+            del b.code[mark:]  # the loads of a guard the program cannot finish go with it
+            b.regs = regs
+            residual.append((kind, e, expected))
+    regs = 1 + max((ins[1] for ins in b.code), default=-1)
+    return _C.guard_program(b.code, regs, LazyTensor), residual

@@ -1,0 +1,223 @@
+"""The Triton runtime: a graph's kernels as a Triton module, run as a Program (the reference/cpp interface:
+``run(leaves, scalars) -> outputs``) over a buffer plan with extern ATen calls on the same stream.
+
+The pipeline is listed in ``Program.__init__`` (STYLE.md item 4): lower -> schedule -> render -> build. On a CUDA
+backing device kernels are compiled by Triton (Note [Triton compiles] in triton_build.py); on the cpu they run
+under Triton's interpreter (TRITON_INTERPRET semantics, eager's math functions: codegen/triton_interp.py), which is
+how the backend is tested without a GPU. If any pass fails the graph runs on the reference executor with one
+warning and the ``compile_fallback`` counter.
+
+Note [Pre-bound launches]
+A run enqueues work on the current stream and returns: it never synchronizes (the asynchronous runtime builds on
+that). Each kernel's launch is prepared once: the CompiledKernel's launcher, its function handle and metadata,
+the grid, and the positions of its arguments, so a run calls the launcher directly with the tensors of its
+buffers and its runtime scalars, not Triton's Python launch path (binding, specialization and cache lookup per
+call). Kernels are compiled for 16-byte aligned buffers (as every buffer the caching allocator hands out is); a
+run whose leaves or extern results are not aligned takes Triton's own launch path, which compiles (once) and
+launches the variant they need.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any, List, Optional, Sequence
+
+import torch
+
+from ..cache import disk
+from ..codegen import triton as renderer
+from ..config import config
+from ..debug import metrics
+from ..debug.log import log
+from ..ir.graph import Linearized, format_graph
+from ..ir.node import DATA
+from ..lower import Extern, lower
+from ..schedule import Kernel, format_schedule, schedule
+from . import triton_build as build
+from .cpp import _call_extern, _raise_kernel_error
+from .reference import EXEC_OVERRIDES, _direct, eager_dispatch
+from .reference import Program as ReferenceProgram
+from .reference import _plan as _plan_args
+
+_KERNEL, _EXTERN = "kernel", "extern"
+
+
+class Program:
+    """A compiled graph: Triton kernel launches and extern calls over buffers, in step order."""
+
+    backend = "triton"
+
+    def __init__(self, lin: Linearized, device: torch.device, tiered: bool = False) -> None:
+        self.device = device
+        self.interpret = device.type != "cuda"
+        if self.interpret and device.type != "cpu":
+            raise RuntimeError(f"the triton backend runs on cuda (or, interpreted, on the cpu), not on {device}")
+        lowered = lower(lin, device)                           # ATen graph -> kernel IR + externs
+        sched = schedule(lowered, renderer.LIMITS)             # fusion, order, buffer lifetimes
+        sched = renderer.split_reductions(sched)               # few long rows: two kernels
+        self.kernel_ir = format_schedule(sched)
+        source, launches = renderer.render(sched)              # kernel IR -> Triton
+        self.source = source
+        self.graph_text = format_graph(lin.order, lin.outputs)
+        self.num_nodes = sum(1 for n in lin.order if n.op is not DATA)
+        self.num_kernels = len(sched.kernels)
+        self.num_externs = sum(isinstance(s, Extern) for s in sched.steps)
+        self.externs_by_op = dict(lowered.externs_by_op)
+        self.launches = launches
+        dtypes = {b.id: b.dtype for s in sched.kernels for b in s.buffers()}
+        build.use_cache_dir(self.interpret)
+        key = disk.graph_digest(lin, "triton", "interpret" if self.interpret else "cuda")
+        path = build.module_path(key, source)
+        self.module = build.load_module(path, self.interpret)  # a syntax error shows here, in the caller
+        self._plan(lowered, sched)
+        self._pending: Any = None
+        self._fallback: Optional[ReferenceProgram] = None
+        self._jit = [getattr(self.module, launch.name) for launch in launches]
+        self._bound: Optional[List[Any]] = None
+        if self.interpret or not launches:
+            self._bound = []
+        elif build.record_matches(key, source) or not tiered or config.triton_workers <= 0:
+            if not build.record_matches(key, source, count=False):
+                metrics.bump("triton.compiles", len(launches))
+            self._bind(build.compile_kernels(path, launches, dtypes), key, source)
+        else:  # Note [Triton compiles]: the reference executor runs the graph until the pool is done
+            self._fallback = ReferenceProgram(lin, device)
+            self._pending = (build.submit(path, launches, dtypes), path, dtypes, key, source)
+        metrics.bump("kernels_compiled", self.num_kernels)
+        for name, n in self.externs_by_op.items():
+            metrics.bump(f"extern.{name}", n)
+
+    def _bind(self, compiled: Sequence[Any], key: str, source: str) -> None:
+        """Note [Pre-bound launches]."""
+        bound = []
+        for ck in compiled:
+            ck._init_handles()
+            bound.append((ck.run, ck.function, ck.packed_metadata))
+        build.write_record(key, source, compiled)
+        self._bound = bound
+
+    def _plan(self, lowered: Any, sched: Any) -> None:
+        self.num_buffers = lowered.num_buffers
+        self.leaf_ids = [b.id for b in lowered.leaves]
+        self.output_ids = [b.id for b in lowered.outputs]
+        steps: List[tuple] = []
+        n = 0
+        for i, step in enumerate(sched.steps):
+            frees = tuple(sched.frees.get(i, ()))
+            if isinstance(step, Extern):
+                fn = _direct(EXEC_OVERRIDES.get(step.fn, step.fn))
+                views = tuple((j, v) for j, v in enumerate(step.views) if v is not None)
+                steps.append((_EXTERN, fn, step.args, step.kwargs, _plan_args(step.args, step.kwargs),
+                              tuple(b.id for b in step.inputs), views, tuple(step.slots),
+                              tuple((b.id if b is not None else None) for b in step.outputs), frees))
+                continue
+            assert isinstance(step, Kernel)
+            launch = self.launches[n]
+            allocs = tuple((b.id, b.shape, b.dtype) for b, _, _ in step.stores)
+            steps.append((_KERNEL, n, allocs, tuple(launch.buffers), tuple(launch.scalars),
+                          tuple(launch.floats), launch.grid, frees))
+            n += 1
+        self.steps = steps
+
+    def _ready(self) -> bool:
+        """Whether the kernels are loaded; loads them once the pool has compiled them (Note [Triton compiles])."""
+        if self._bound is not None:
+            return True
+        future, path, dtypes, key, source = self._pending
+        if not future.done():
+            return False
+        try:
+            metrics.bump("triton.compile_time_s", future.result())
+            self._bind(build.compile_kernels(path, self.launches, dtypes), key, source)
+        except Exception as e:  # noqa: BLE001 -- a failed compile keeps the graph on the reference executor
+            warnings.warn(f"lazy: the triton backend could not compile a graph ({type(e).__name__}: "
+                          f"{str(e)[:500]}); it runs on the reference executor (correct, slower).", RuntimeWarning,
+                          stacklevel=2)
+            metrics.bump("compile_fallback")
+            self._pending = None
+            self._bound = None
+            self.steps = None
+            return False
+        self._pending = None
+        self._fallback = None
+        log(2, f"triton kernels of a graph of {self.num_nodes} nodes loaded")
+        return True
+
+    def run(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any]) -> List[torch.Tensor]:
+        if self._bound is None and (self.steps is None or not self._ready()):
+            return self._fallback.run(leaves, scalars)
+        values: List[Any] = [None] * self.num_buffers
+        aligned = True
+        for i, t in zip(self.leaf_ids, leaves):
+            values[i] = t
+            aligned = aligned and t.data_ptr() % 16 == 0
+        device = self.device
+        stream = torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else
+                                                    torch.cuda.current_device()) if not self.interpret else None
+        launched = 0
+        with eager_dispatch():
+            for step in self.steps:
+                if step[0] is _KERNEL:
+                    _, n, allocs, bufs, slots, floats, grid, frees = step
+                    for i, shape, dtype in allocs:
+                        if values[i] is None:
+                            values[i] = torch.empty(shape, dtype=dtype, device=device)
+                    if grid > 0:
+                        args = [values[i] for i in bufs]
+                        args += [float(scalars[s]) if f else int(scalars[s]) for s, f in zip(slots, floats)]
+                        if self.interpret:
+                            self._interpret(n, grid, args)
+                        elif not aligned:
+                            self._jit[n][(grid,)](*args, num_warps=self.launches[n].num_warps, **build.OPTIONS)
+                        else:
+                            run, function, meta = self._bound[n]
+                            run(grid, 1, 1, stream, function, meta, None, None, None, *args)
+                        launched += 1
+                else:
+                    _, fn, args, kwargs, plan, ins, views, slots, outs, frees = step
+                    ivals = [values[i] for i in ins]
+                    for j, (shape, strides, offset) in views:  # Note [Extern inputs are views] (lower/graph.py)
+                        base = ivals[j]
+                        ivals[j] = base.as_strided(shape, strides, base.storage_offset() + offset)
+                    result = _call_extern(fn, args, kwargs, plan, ivals, scalars, slots, device)
+                    results = result if len(outs) > 1 or isinstance(result, (tuple, list)) else (result,)
+                    for i, t in zip(outs, results):
+                        if i is None:
+                            continue
+                        if not t.is_contiguous():
+                            t = t.contiguous()
+                        values[i] = t
+                        aligned = aligned and t.data_ptr() % 16 == 0
+                for i in frees:
+                    values[i] = None
+        metrics.bump("executed_graphs")
+        metrics.bump("executed_nodes", self.num_nodes)
+        metrics.bump("kernels_launched", launched)
+        return [values[i] for i in self.output_ids]
+
+
+    def _interpret(self, n: int, grid: int, args: List[Any]) -> None:
+        from triton.runtime.errors import InterpreterError
+        try:
+            self._jit[n][(grid,)](*args)
+        except InterpreterError as e:
+            if "index out of range" in str(e):  # triton_ops.HELPERS' device_assert
+                _raise_kernel_error(2)
+            raise
+
+
+def compile_triton(lin: Linearized, device: torch.device, tiered: bool = False) -> Any:
+    """The triton backend's compiler for graph_cache; falls back to the reference executor on any failure."""
+    start = time.perf_counter()
+    try:
+        program = Program(lin, device, tiered)
+    except Exception as e:  # noqa: BLE001 -- any failure falls back, loudly and counted
+        cause = f"{type(e).__name__}: {e}"
+        metrics.bump("compile_fallback")
+        log(1, f"triton compile failed, reference fallback: {cause}")
+        warnings.warn(f"lazy: the triton backend could not compile a graph of {len(lin.order)} nodes "
+                      f"({cause[:500]}); it runs on the reference executor (correct, slower). Set "
+                      "LAZY_COMPILER=reference to silence.", RuntimeWarning, stacklevel=2)
+        return ReferenceProgram(lin, device)
+    metrics.bump("triton.build_time_s", time.perf_counter() - start)
+    return program

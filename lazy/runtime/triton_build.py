@@ -1,0 +1,212 @@
+"""Loading and compiling the Triton module of a graph: the module file, Triton compiles (in a worker pool), and
+the persistent record of compiled kernels.
+
+Note [Triton compiles]
+A Triton compile takes seconds per kernel, so with the default tiered compiler a graph's Triton program does not
+wait for them: its kernels compile in a pool of worker processes (``triton_workers``; spawned, so a worker has
+a CUDA context of its own and the parent's is never forked), each compile filling Triton's own cache, which
+lives under lazy's cache directory (``<cache_dir>/triton``: created 0700 and refused if foreign, as
+cache/disk.py does). Until every kernel of the graph is compiled the program runs on the reference executor;
+then the parent loads the kernels from that cache (milliseconds) and runs them from then on.
+A record ``<key>.triton.json`` keeps the sha256 of the module's source and of every file of each compiled kernel
+in Triton's cache (written atomically, last). A later process whose record matches its source and files loads
+its kernels at once, in the calling thread (it compiles nothing: ``triton.compiles`` stays 0); a record that
+does not match (truncated, corrupt, another source) is counted as ``disk_cache.corrupt``, the kernels' cache
+directories are removed and the kernels compile again.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import importlib.util
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from ..cache import disk
+from ..config import config
+from ..debug import metrics
+
+_POOL: Optional[concurrent.futures.ProcessPoolExecutor] = None
+# Triton's compile options of every kernel. NOTE: no overflow checks, which a kernel compiled with debug (one with
+# index checks) would otherwise assert on: integer arithmetic wraps, as eager's does.
+OPTIONS = {"num_stages": 1, "sanitize_overflow": False}
+
+
+def triton_cache_dir() -> Optional[str]:
+    """Triton's cache directory, inside lazy's (None when lazy's disk cache is disabled or refused)."""
+    root = disk.cache_dir()
+    if root is None:
+        return None
+    path = os.path.join(root, "triton")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def use_cache_dir(interpret: bool) -> None:
+    """Point Triton's cache at lazy's (Note [Triton compiles]); inherited by the worker processes. Before triton
+    is first imported, choose its interpreter if the kernels run on the cpu."""
+    if interpret and "triton" not in sys.modules:
+        # NOTE: Triton decides at import whether its own library functions (tl.zeros, tl.sum, ...) are interpreted
+        os.environ["TRITON_INTERPRET"] = "1"
+    path = triton_cache_dir()
+    if path is None:
+        path = tempfile.mkdtemp(prefix="lazy-triton-")
+    os.environ["TRITON_CACHE_DIR"] = path
+    try:
+        from triton import knobs
+        knobs.cache.dir = path
+    except (ImportError, AttributeError):  # older Triton reads the environment variable only
+        pass
+
+
+def module_path(key: str, source: str) -> str:
+    """The path of the graph's module file (in the cache directory, else a private temp directory)."""
+    root = disk.cache_dir()
+    if root is None:
+        root = tempfile.mkdtemp(prefix="lazy-triton-")
+    path = os.path.join(root, f"lz_{key[:32]}.py")
+    data = source.encode()
+    try:
+        with open(path, "rb") as f:
+            same = f.read() == data
+    except OSError:
+        same = False
+    if not same:
+        disk._atomic_write(path, data)
+    return path
+
+
+def load_module(path: str, interpret: bool) -> Any:
+    """Execute the generated module with its loader globals (codegen/triton.py: ``_kernel``, ``_jit``, ``M``)."""
+    import triton
+    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+    mod = importlib.util.module_from_spec(spec)
+    if interpret:
+        from triton.runtime import interpreter
+        from triton.runtime.interpreter import InterpretedFunction
+        # device_assert (an index out of range: triton_ops.HELPERS) checks, as in a kernel compiled with debug; no
+        # overflow checks: integer arithmetic wraps, as eager's does
+        interpreter.interpreter_builder.options = interpreter.InterpreterOptions(debug=True, sanitize_overflow=False)
+        if not isinstance(triton.language.zeros, InterpretedFunction):
+            raise RuntimeError("the triton backend runs on the cpu under Triton's interpreter, but triton was "
+                               "imported without it: set TRITON_INTERPRET=1 before importing triton (or use "
+                               "compiler 'cpp' on the cpu)")
+
+        from ..codegen import triton_interp
+        mod._jit = InterpretedFunction
+        mod._kernel = lambda names, debug: InterpretedFunction
+        mod.M = triton_interp
+    else:
+        from triton.language.extra import libdevice
+        mod._jit = triton.jit
+        mod._kernel = lambda names, debug: (lambda fn: triton.jit(fn, do_not_specialize=names, debug=debug))
+        mod.M = libdevice
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def warm_args(launch: Any, dtypes: Dict[int, Any]) -> List[Any]:
+    """Arguments that specialize a kernel as a run does (16-byte aligned buffers; scalars are never
+    specialized): dtypes stand for tensors (Triton's warmup takes them so)."""
+    return [dtypes[b] for b in launch.buffers] + [0.0 if f else 0 for f in launch.floats]
+
+
+def compile_kernels(path: str, launches: Sequence[Any], dtypes: Dict[int, Any]) -> List[Any]:
+    """Compile (or load from Triton's cache) every kernel of the module at ``path``: the CompiledKernels."""
+    mod = load_module(path, interpret=False)
+    out = []
+    for launch in launches:
+        fn = getattr(mod, launch.name)
+        out.append(fn.warmup(*warm_args(launch, dtypes), grid=(1,), **OPTIONS, num_warps=launch.num_warps))
+    return out
+
+
+def _worker(path: str, launches: Sequence[Any], dtypes: Dict[int, Any], cache: str) -> float:
+    os.environ["TRITON_CACHE_DIR"] = cache
+    start = time.perf_counter()
+    compile_kernels(path, launches, dtypes)
+    return time.perf_counter() - start
+
+
+def submit(path: str, launches: Sequence[Any], dtypes: Dict[int, Any]) -> concurrent.futures.Future:
+    """Compile the module's kernels in the worker pool (Note [Triton compiles])."""
+    global _POOL
+    if _POOL is None:
+        _POOL = concurrent.futures.ProcessPoolExecutor(max_workers=max(1, config.triton_workers),
+                                                       mp_context=multiprocessing.get_context("spawn"))
+    metrics.bump("triton.compiles", len(launches))
+    return _POOL.submit(_worker, path, list(launches), dict(dtypes), os.environ["TRITON_CACHE_DIR"])
+
+
+# ---- the record of compiled kernels (Note [Triton compiles]) ---------------------------------------------------
+
+def _group(kernel_hash: str) -> str:
+    """Triton's cache directory of a compiled kernel (named after its hash, base32-encoded since Triton 3.2)."""
+    root = os.environ.get("TRITON_CACHE_DIR", "")
+    try:
+        from triton.runtime.cache import _base32
+        name = _base32(kernel_hash)
+    except (ImportError, ValueError):
+        name = kernel_hash
+    path = os.path.join(root, name)
+    return path if os.path.isdir(path) else os.path.join(root, kernel_hash)
+
+
+def _files(kernel_hash: str) -> Dict[str, str]:
+    """sha256 of each file Triton keeps for a compiled kernel (its lock and temporaries aside)."""
+    group = _group(kernel_hash)
+    found = {}
+    if os.path.isdir(group):
+        for name in sorted(os.listdir(group)):
+            if name == "lock" or name.startswith("tmp"):
+                continue
+            with open(os.path.join(group, name), "rb") as f:
+                found[name] = hashlib.sha256(f.read()).hexdigest()
+    return found
+
+
+def record_matches(key: str, source: str, count: bool = True) -> bool:
+    """Whether a valid record says every kernel of this source is in Triton's cache, unchanged (counted in the
+    ``disk_cache`` counters, where ``count``)."""
+    root = disk.cache_dir()
+    if root is None:
+        return False
+    path = os.path.join(root, key + ".triton.json")
+    if not os.path.exists(path):
+        if count:
+            metrics.bump("disk_cache.miss")
+        return False
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+        ok = meta["key"] == key and meta["source_sha256"] == hashlib.sha256(source.encode()).hexdigest()
+        ok = ok and all(_files(h) == files and files for h, files in meta["kernels"].items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        ok, meta = False, {}
+    if not ok:
+        metrics.bump("disk_cache.corrupt")
+        metrics.bump("disk_cache.miss")
+        for h in (meta.get("kernels") or {}) if isinstance(meta, dict) else {}:
+            shutil.rmtree(_group(os.path.basename(str(h))), ignore_errors=True)
+        os.unlink(path)
+        return False
+    if count:
+        metrics.bump("disk_cache.hit")
+    return True
+
+
+def write_record(key: str, source: str, compiled: Sequence[Any]) -> None:
+    root = disk.cache_dir()
+    if root is None:
+        return
+    kernels = {ck.hash: _files(ck.hash) for ck in compiled}
+    meta = {"key": key, "source_sha256": hashlib.sha256(source.encode()).hexdigest(), "kernels": kernels,
+            "versions": disk._versions()}
+    disk._atomic_write(os.path.join(root, key + ".triton.json"), json.dumps(meta).encode())
+    metrics.bump("disk_cache.store")

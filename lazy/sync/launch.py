@@ -1,0 +1,275 @@
+"""Asynchronous execution: a ``mark_step`` launches its graph's program on a worker thread and returns at once.
+
+Note [Asynchronous execution]
+A training loop records step N+1 while step N's program runs. ``launch`` hands the program, its leaves and its
+scalars to one worker thread (a FIFO, so programs run in launch order and a program reads its leaves after the
+program that produced them wrote them) and gives each synced storage a data leaf at once: a *placeholder*, a
+tensor with the output's shape, strides and dtype over an empty storage, which the worker points at the real
+output (``Tensor.set_``) when the program has run. Recording only needs shapes and dtypes, and the next graph's
+key only the placeholder's strides, so nothing waits until something reads data: ``ready(tensor)`` (a ``.cpu()``,
+``.item()``, print, bool, an eager fallback, a graph run on the calling thread) waits for the one execution that
+produces that tensor; ``wait_all`` (``lazy.wait_device_ops()``, a capture) for every one. A launch waits only
+when MAX_IN_FLIGHT programs are unfinished, so a recorder faster than its programs does not queue steps (and
+their memory) without bound.
+
+A program launches asynchronously only once it has run synchronously: that run shows the strides of its outputs
+(deterministic for a program, whose key fixes its inputs' layouts), which the placeholders need before the run.
+If a later run returns other strides, the worker copies into storage of the promised layout, so a graph keyed
+on the placeholder's strides never reads another layout.
+
+On the cpu the worker's kernels (ctypes calls, ATen externs) release the GIL, so they run beside the recorder;
+on cuda the worker enqueues on the stream that was current at the launch. An execution that raises poisons those
+launched before the calling thread learns of it (they may read its outputs); the error is raised at the next
+sync or wait, naming the launching line, and the synced storages get their IR back and are marked failed, as
+after a synchronous failure: reading them raises again, and any graph that would read a poisoned placeholder
+raises instead of running.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import os
+import queue
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from ..debug import metrics
+from ..ir.ops import SEEDED_OPS
+
+# Note [The GIL between recorder and worker]
+# The worker holds the GIL only between kernels and extern calls (ctypes and ATen release it while they run), but
+# each time it wants it back while the recorder runs Python, CPython makes it wait for the switch interval (5 ms by
+# default) before the recorder yields: tens of waits per step. While programs are in flight the interval is
+# SWITCH_INTERVAL_S, so the worker gets the GIL back quickly; it costs the recorder nothing while the worker runs
+# kernels (nobody asks for the GIL then), and the user's interval is restored when the last program is retired.
+SWITCH_INTERVAL_S = 2e-4
+MAX_IN_FLIGHT = 2  # launched programs not yet finished before a launch waits: the one running and the next
+_LAYOUTS: "Dict[int, tuple]" = {}  # id(program) -> (program, output strides or None) after a synchronous run
+
+
+class StepFailed(RuntimeError):
+    """An asynchronously launched graph raised; raised at the next sync or wait."""
+
+
+class Execution:
+    """One launched program: what it runs on, the placeholders it fills, and when it is done."""
+
+    __slots__ = ("program", "leaves", "scalars", "outputs", "synced", "where", "epoch", "seq", "stream", "done",
+                 "error")
+
+    def __init__(self, program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any],
+                 outputs: List[torch.Tensor], synced: list, where: str, epoch: int, seq: int, stream: Any) -> None:
+        self.program, self.leaves, self.scalars = program, leaves, scalars
+        self.outputs, self.synced, self.where = outputs, synced, where
+        self.epoch, self.seq, self.stream = epoch, seq, stream
+        self.done = threading.Event()
+        self.error: Optional[BaseException] = None
+
+
+class _State:
+    """The calling thread's view: executions not yet retired, placeholders in flight, poisoned placeholders."""
+
+    def __init__(self) -> None:
+        self.queue: "queue.SimpleQueue[Execution]" = queue.SimpleQueue()
+        self.running: "collections.deque[Execution]" = collections.deque()
+        self.inflight: Dict[int, Execution] = {}  # id(placeholder) -> its execution (the execution holds it)
+        self.poisoned: Dict[int, torch.Tensor] = {}  # id -> placeholder of a failed execution (held: ids unique)
+        self.epoch = 0  # bumped when the calling thread learns of a failure
+        self.seq = 0  # launches so far
+        self.worker: Optional[threading.Thread] = None
+        self.user_interval: Optional[float] = None  # sys.getswitchinterval() while programs are in flight
+        self.pid = os.getpid()
+
+
+_S = _State()
+
+
+def layout_known(program: Any) -> Optional[tuple]:
+    """The output strides a program's synchronous run showed; None before it has run or if it must not launch
+    asynchronously."""
+    entry = _LAYOUTS.get(id(program))
+    return entry[1] if entry is not None and entry[0] is program else None
+
+
+def remember_layout(program: Any, outs: Sequence[torch.Tensor], order: Sequence[Any]) -> None:
+    """After a synchronous run: the strides of ``program``'s outputs, unless the graph (``order``, its nodes) holds
+    a seeded op. Note [Seeded ops run on the calling thread]: a seeded op (lazy/ir/ops.py) seeds the default
+    generator of the backing device for its run and restores it; on the worker that would race with the recorder
+    and the user's own code drawing from the same generator (their draws would be lost or repeated), so such a
+    graph runs where the recorder runs."""
+    if id(program) not in _LAYOUTS:
+        seeded = any(n.op in SEEDED_OPS for n in order)
+        _LAYOUTS[id(program)] = (program, None if seeded else tuple(tuple(o.stride()) for o in outs))
+
+
+def forget_layouts() -> None:
+    _LAYOUTS.clear()
+
+
+def launch(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any], nodes: Sequence[Any],
+           strides: tuple, synced: list, where: str, device: torch.device) -> List[torch.Tensor]:
+    """Queue ``program`` on the worker; returns the placeholders of its outputs (``nodes`` give their shapes and
+    dtypes, ``strides`` their strides). ``synced`` lists (storage, IR value) pairs given these outputs."""
+    _check_fork()
+    retire()
+    if len(_S.running) >= MAX_IN_FLIGHT:  # the recorder is ahead of the programs: wait for the oldest
+        _wait(_S.running[0])
+    outputs = []
+    for node, stride in zip(nodes, strides):
+        p = torch.empty(0, dtype=node.dtype, device=device)
+        p.set_(p.untyped_storage(), 0, node.shape, stride)
+        outputs.append(p)
+    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+    _S.seq += 1
+    ex = Execution(program, leaves, scalars, outputs, synced, where, _S.epoch, _S.seq, stream)
+    for p in outputs:
+        _S.inflight[id(p)] = ex
+    if not _S.running and _S.user_interval is None:
+        _S.user_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(SWITCH_INTERVAL_S, _S.user_interval))
+    _S.running.append(ex)
+    if _S.worker is None:
+        _S.worker = threading.Thread(target=_work, args=(_S.queue,), name="lazy-launch", daemon=True)
+        _S.worker.start()
+        atexit.register(settle)
+    _S.queue.put(ex)
+    metrics.bump("async.launched")
+    return outputs
+
+
+def _work(q: "queue.SimpleQueue[Execution]") -> None:
+    failed_epoch = -1
+    while True:
+        ex = q.get()
+        if ex.epoch <= failed_epoch:
+            ex.error = StepFailed("an earlier asynchronously launched graph failed, and this one may read its outputs")
+        else:
+            try:
+                if ex.stream is not None:
+                    with torch.cuda.stream(ex.stream):
+                        outs = ex.program.run(ex.leaves, ex.scalars)
+                else:
+                    outs = ex.program.run(ex.leaves, ex.scalars)
+                for p, out in zip(ex.outputs, outs):
+                    _adopt(p, out)
+                ex.synced = None  # the IR it replaced is needed only to recover from a failure
+            except BaseException as e:  # noqa: BLE001 -- raised on the calling thread by retire()
+                ex.error = e
+                failed_epoch = ex.epoch
+        ex.leaves = ex.scalars = ex.program = None
+        ex.done.set()
+
+
+def _adopt(p: torch.Tensor, out: torch.Tensor) -> None:
+    """Point placeholder ``p`` at ``out``'s data; copy where ``out`` has another layout than promised."""
+    if out.stride() == p.stride() and out.dtype == p.dtype:
+        p.set_(out)
+    else:
+        p.set_(torch.empty_strided(p.shape, p.stride(), dtype=p.dtype, device=p.device))
+        p.copy_(out)
+
+
+def ready(t: torch.Tensor) -> torch.Tensor:
+    """``t`` once its data is there: waits for the execution that produces it (and so for those before it)."""
+    if _S.poisoned and id(t) in _S.poisoned:
+        raise StepFailed("this value was computed by an asynchronously launched graph that failed (the error was "
+                         "raised at an earlier sync)")
+    ex = _S.inflight.get(id(t))
+    if ex is not None:
+        _wait(ex)
+    return t
+
+
+def ready_all(tensors: Sequence[torch.Tensor]) -> None:
+    """Wait until every tensor in ``tensors`` has its data (before a graph runs on the calling thread)."""
+    if _S.poisoned:
+        for t in tensors:
+            ready(t)
+    if not _S.inflight:
+        return
+    last = None
+    for t in tensors:
+        ex = _S.inflight.get(id(t))
+        if ex is not None and (last is None or ex.seq > last.seq):
+            last = ex
+    if last is not None:
+        _wait(last)
+
+
+def check_leaves(tensors: Sequence[torch.Tensor]) -> None:
+    """Raise if a graph about to launch reads a placeholder of a failed execution."""
+    if _S.poisoned:
+        for t in tensors:
+            if id(t) in _S.poisoned:
+                ready(t)
+
+
+def _wait(ex: Execution) -> None:
+    if not ex.done.is_set():
+        start = time.perf_counter()
+        ex.done.wait()
+        metrics.bump("async.wait_time_s", time.perf_counter() - start)
+        metrics.bump("async.waits")
+    retire()  # FIFO: everything launched before ``ex`` is done too
+
+
+def wait_all() -> None:
+    """Wait for every launched execution; raise the first failure."""
+    if _S.running:
+        _wait(_S.running[-1])
+
+
+def retire() -> None:
+    """Forget finished executions from the oldest on; the first failed one raises here (Note [Asynchronous
+    execution])."""
+    while _S.running and _S.running[0].done.is_set():
+        ex = _S.running.popleft()
+        for p in ex.outputs:
+            _S.inflight.pop(id(p), None)
+        if not _S.running and _S.user_interval is not None:
+            sys.setswitchinterval(_S.user_interval)
+            _S.user_interval = None
+        if ex.error is not None:
+            _fail(ex)
+
+
+def _fail(ex: Execution) -> None:
+    first = ex.error
+    failed = [ex]
+    while _S.running:  # every later execution launched before now is poisoned by the worker: retire them too
+        later = _S.running[0]
+        if later.epoch != ex.epoch:
+            break
+        later.done.wait()
+        _S.running.popleft()
+        failed.append(later)
+    for f in failed:
+        for p in f.outputs:
+            _S.inflight.pop(id(p), None)
+            _S.poisoned[id(p)] = p
+        for st, value in f.synced or ():
+            if st.value.is_data and st.value.data is not None and id(st.value.data) in _S.poisoned:
+                st.value = value
+                st.failed = value
+    _S.epoch += 1
+    metrics.bump("async.failed")
+    raise StepFailed(f"the graph launched at {ex.where} failed: {type(first).__name__}: {first}") from first
+
+
+def settle() -> None:
+    """Wait until every launched program has finished, raising nothing (errors wait for the next sync). Also at
+    exit: a daemon thread would otherwise die mid-kernel."""
+    for ex in list(_S.running):
+        ex.done.wait()
+
+
+metrics.SETTLE = settle
+
+
+def _check_fork() -> None:
+    if _S.pid != os.getpid():  # a forked child (a DataLoader worker): the worker thread did not come along
+        _S.__init__()

@@ -1,0 +1,158 @@
+"""Guard programs (csrc/capture_guards.cpp, lazy/capture/guards.py): every guard kind, hitting and missing, gives
+the answer of the Python check rendered for the same guards (lazy/capture/replay.py)."""
+import math
+
+import pytest
+import torch
+
+import lazy
+from lazy.capture import expr as X
+from lazy.capture.expr import Renderer
+from lazy.capture.function import state_of
+from lazy.capture.guards import compile_guards
+from lazy.capture.policy import tensor_signature
+from lazy.capture.replay import STATE_CALLS, _keys_same, _python_check, global_state
+
+L = "lazy"
+
+
+class Obj:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+class Raises:
+    @property
+    def boom(self):
+        raise RuntimeError("a property that raises")
+
+
+def check_both(guards, A, state=None):
+    """(C answer, Python answer, residual guards) for ``guards`` on the bound arguments ``A``."""
+    state = global_state() if state is None else state
+    program, residual = compile_guards(state, guards, STATE_CALLS, _keys_same, tensor_signature)
+    rest = _python_check(Renderer(), [((k, e), v) for k, e, v in residual], None) if residual else None
+    c = bool(program(A)) and (rest is None or bool(rest(A)))
+    python = bool(_python_check(Renderer(), [((k, e), v) for k, e, v in guards], state)(A))
+    return c, python, residual
+
+
+A0 = X.arg(0)
+HELD = Obj(a=1)
+NAN = float("nan")
+
+# (name, guards, hitting arguments, missing arguments)
+CASES = [
+    ("id", [("id", A0, HELD)], [(HELD,)], [(Obj(a=1),), (None,)]),
+    ("type", [("type", A0, int)], [(3,), (-7,)], [(3.0,), (True,), ("3",)]),
+    ("eq int", [("eq", A0, 3)], [(3,)], [(3.0,), (4,), (True,), (None,)]),
+    ("eq float", [("eq", A0, 0.5)], [(0.5,)], [(0.25,), (1,)]),
+    ("eq nan", [("eq", A0, NAN)], [], [(NAN,), (math.nan,)]),
+    ("eq bool", [("eq", A0, True)], [(True,)], [(1,), (False,)]),
+    ("eq str", [("eq", A0, "mean")], [("mean",)], [("sum",), (b"mean",)]),
+    ("eq none", [("eq", A0, None)], [(None,)], [(0,)]),
+    ("truth", [("truth", A0, False)], [([],), (0,), ({},)], [([1],), (1,)]),
+    ("isnone", [("isnone", A0, True)], [(None,)], [(0,), ("",)]),
+    ("len", [("len", A0, 2)], [([1, 2],), ((3, 4),), ("ab",)], [([1],), (3,)]),
+    ("keys", [("keys", A0, ("a", "b"))], [({"a": 1, "b": 2},)], [({"b": 2, "a": 1},), ({"a": 1},), ([],)]),
+    ("absent", [("absent", A0, "k")], [({"j": 1},), ([],)], [({"k": 1},), (3,)]),
+    ("noattr", [("noattr", A0, "a")], [(Obj(b=1),), (Raises(),)], [(Obj(a=None),)]),
+    ("hasattr", [("hasattr", A0, ("a", True))], [(Obj(a=1),)], [(Obj(),)]),
+    ("hasattr raising", [("hasattr", A0, ("boom", False))], [], [(Raises(),)]),
+    ("attribute chain", [("eq", X.attr(X.attr(A0, "inner"), "n"), 2)],
+     [(Obj(inner=Obj(n=2)),)], [(Obj(inner=Obj(n=3)),), (Obj(inner=None),), (Obj(),)]),
+    ("item chain", [("eq", X.item(X.item(A0, "lr"), 0), 0.1)],
+     [({"lr": [0.1]},)], [({"lr": [0.2]},), ({"lr": []},), ({},), (None,)]),
+    ("held object", [("eq", X.item(X.pinned({"k": 5}), "k"), 5)], [(None,)], []),
+    ("property that raises", [("truth", X.attr(A0, "boom"), True)], [], [(Raises(),)]),
+    ("second argument", [("type", X.arg(1), float)], [(0, 1.5)], [(0, 1), (0,)]),
+    ("arithmetic (residual)", [("type", A0, int), ("eq", X.binary("+", A0, 1), 3)], [(2,)], [(3,), (2.0,)]),
+]
+
+
+@pytest.mark.parametrize("name,guards,hits,misses", CASES, ids=[c[0] for c in CASES])
+def test_each_guard_kind_agrees_with_the_python_check(name, guards, hits, misses):
+    for A in hits:
+        assert check_both(guards, A)[:2] == (True, True), A
+    for A in misses:
+        assert check_both(guards, A)[:2] == (False, False), A
+    residual = check_both(guards, hits[0] if hits else misses[0])[2]
+    assert bool(residual) == name.endswith("(residual)")
+
+
+def test_lazy_tensor_signature():
+    x = torch.randn(3, 4).to(L)
+    guards = [("tensor", A0, tensor_signature(x))]
+    changed = [torch.randn(3, 4).to(L), x.detach(), torch.randn(4, 3).to(L), torch.randn(3, 4).double().to(L),
+               torch.randn(3, 4).to(L).requires_grad_(), torch.randn(4, 3).to(L).t(), x[:, :2],
+               torch.randn(3, 4), None, 3.0]
+    for A, want in [((x,), True)] + [((t,), tensor_signature(t) == guards[0][2]) for t in changed]:
+        got = check_both(guards, A)
+        assert got[:2] == (want, want), (A, got)
+    assert check_both(guards, (changed[0],))[:2] == (True, True)  # same metadata, other data: the guard holds
+    assert check_both(guards, (changed[2],))[:2] == (False, False)
+
+
+def test_host_tensor_signature():
+    t = torch.randn(2, 3)
+    guards = [("tensor", A0, tensor_signature(t))]
+    for other, want in ((torch.randn(2, 3), True), (torch.randn(3, 2), False), (t.t(), False),
+                        (torch.randn(2, 3, dtype=torch.float64), False), (t.to(L), False)):
+        assert check_both(guards, (other,))[:2] == (want, want)
+
+
+def test_global_state():
+    guards, state = [("type", A0, int)], global_state()
+    assert check_both(guards, (1,), state)[:2] == (True, True)
+    with torch.no_grad():
+        assert check_both(guards, (1,), state)[:2] == (False, False)
+    with torch.autocast("cpu"):
+        assert check_both(guards, (1,), state)[:2] == (False, False)
+    with torch.inference_mode():
+        assert check_both(guards, (1,), state)[:2] == (False, False)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert check_both(guards, (1,), state)[:2] == (False, False)
+    finally:
+        torch.set_default_dtype(previous)
+    torch.set_autocast_dtype("cpu", torch.float16)
+    try:
+        assert check_both(guards, (1,), state)[:2] == (False, False)
+    finally:
+        torch.set_autocast_dtype("cpu", state[3])
+    with lazy.config.override(backing_device="meta"):
+        assert check_both(guards, (1,), state)[:2] == (False, False)
+    assert check_both(guards, (1,), state)[:2] == (True, True)
+
+
+def test_captured_entries_agree_on_perturbed_calls():
+    """A whole capture's guards (a module, a global, an argument list, tensors, numbers): the entry's program and its
+    Python check agree on the call it was made for and on calls that change each argument."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).to(L)
+
+    def f(x, ys, n, flag, opts):
+        out = model(x) * n
+        for y in ys:
+            out = out + y
+        return out if flag else -out * opts["scale"]
+
+    with lazy.config.override(capture_verify=False):
+        lazy.compile(f)
+        x = torch.randn(2, 4).to(L)
+        ys = [torch.randn(2, 4).to(L)]
+        with torch.no_grad():
+            f(x, ys, 2, False, {"scale": 0.5})
+        entry = state_of(f).entries[0]
+        assert not entry.residual_guards and entry.guard_program.size > 20
+        base = (x, ys, 2, False, {"scale": 0.5})
+        variants = [base, (x.double(), ys, 2, False, {"scale": 0.5}), (x, ys + ys, 2, False, {"scale": 0.5}),
+                    (x, [], 2, False, {"scale": 0.5}), (x, ys, 3, False, {"scale": 0.5}),
+                    (x, ys, 2, True, {"scale": 0.5}), (x, ys, 2, False, {"scale": 0.7}), (x, ys, 2, False, {}),
+                    (x, [torch.randn(3, 4).to(L)], 2, False, {"scale": 0.5})]
+        with torch.no_grad():
+            answers = [(bool(entry.check(A)), bool(entry.python_check(A))) for A in variants]
+        assert all(c == p for c, p in answers), answers
+        assert answers[0] == (True, True) and sum(c for c, _ in answers) >= 2  # the base call and a runtime scalar
+        assert not entry.check(base)  # grad mode differs from the capture's
+    lazy.compile.reset()
