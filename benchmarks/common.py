@@ -42,6 +42,17 @@ def rerun_per_isa(isas: str, argv: Sequence[str]) -> bool:
     return True
 
 
+def restrict_inductor() -> None:
+    """Give torch.compile the vector width ATEN_CPU_CAPABILITY names. NOTE: with ATEN_CPU_CAPABILITY=avx2 alone,
+    torch 2.13's Inductor picks its AVX2 ISA but computes wrong results on an AVX-512 machine (measured: half the
+    elements of ``x * 2 + 1`` at 4096^2, NaN in the 200-op chain at 16^2); with ``cpp.simdlen`` set too they equal
+    eager's. The benchmarks check torch.compile's results against eager's as well."""
+    width = {"avx2": 256, "avx512": 512}.get(os.environ.get("ATEN_CPU_CAPABILITY", ""))
+    if width:
+        import torch._inductor.config as inductor_config
+        inductor_config.cpp.simdlen = width
+
+
 def isa_line() -> str:
     """What this process's lazy, eager and torch.compile kernels are built for."""
     import torch

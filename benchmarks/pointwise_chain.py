@@ -28,7 +28,7 @@ os.environ.setdefault("LAZY_COMPILER", "cpp")
 os.environ["LAZY_CACHE_DIR"] = tempfile.mkdtemp(prefix="lazy-bench-cache-")  # first compile really compiles
 import lazy  # noqa: E402
 import machine  # noqa: E402
-from common import add_isa_argument, cached_run, isa_line, rerun_per_isa  # noqa: E402
+from common import add_isa_argument, cached_run, isa_line, rerun_per_isa, restrict_inductor  # noqa: E402
 from lazy.cache import graph_cache  # noqa: E402
 
 OPS = (lambda t: t * 1.01, lambda t: t + 0.1, lambda t: t.sin(), lambda t: t.relu(), lambda t: t - 0.05)
@@ -110,7 +110,7 @@ def run(n: int, reps: int) -> None:
     program = graph_cache.latest()
     compiled = torch.compile(chain)
     t = time.perf_counter()
-    compiled(x)
+    torch.testing.assert_close(compiled(x), chain(x), rtol=1e-4, atol=1e-4)
     tc_first = time.perf_counter() - t
     _, kernel_run = cached_run(chain, (x,))
     for f in (lazy_step, kernel_run, lambda: chain(x), lambda: compiled(x)):
@@ -149,17 +149,17 @@ def memory_bound(n: int, reps: int) -> None:
 
     compiled = torch.compile(fn)
     torch.testing.assert_close(compiled(x), fn(x))
-    cols = {"lazy run": kernel_run, "lazy step": lazy_step, "eager": lambda: fn(x), "torch.compile": lambda: compiled(x),
-            "copy_": lambda: dst.copy_(x)}
+    cols = {"lazy run": kernel_run, "lazy step": lazy_step, "eager": lambda: fn(x),
+            "torch.compile": lambda: compiled(x), "copy_": lambda: dst.copy_(x)}
     for f in cols.values():
         f()
     times = dict(zip(cols, bench(list(cols.values()), reps)))
     gbs = {k: 2 * x.numel() * x.element_size() / t / 1e9 for k, t in times.items()}
     print(f"{n}x{n} x * 2 + 1 (memory-bound; kernels={program.num_kernels}): "
           + "   ".join(f"{k} {t * 1e3:.2f} ms ({gbs[k]:.1f} GB/s)" for k, t in times.items()))
-    print(f"  lazy run at {gbs['lazy run'] / gbs['copy_'] * 100:.0f}% of copy_'s bandwidth, lazy step at "
-          f"{gbs['lazy step'] / gbs['copy_'] * 100:.0f}%, torch.compile at {gbs['torch.compile'] / gbs['copy_'] * 100:.0f}%"
-          f", eager at {gbs['eager'] / gbs['copy_'] * 100:.0f}%   ({load()})")
+    share = {k: f"{v / gbs['copy_'] * 100:.0f}%" for k, v in gbs.items()}
+    print(f"  of copy_'s bandwidth: lazy run {share['lazy run']}, lazy step {share['lazy step']}, torch.compile "
+          f"{share['torch.compile']}, eager {share['eager']}   ({load()})")
 
 
 def main() -> None:
@@ -170,6 +170,7 @@ def main() -> None:
     args = ap.parse_args()
     if rerun_per_isa(args.isa, sys.argv):
         return
+    restrict_inductor()
     print(machine.describe())
     print(isa_line())
     print(f"lazy compiler={lazy.config.compiler}", file=sys.stderr)

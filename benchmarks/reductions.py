@@ -17,6 +17,8 @@ import sys
 import tempfile
 import time
 
+from common import add_isa_argument, cached_run, isa_line, rerun_per_isa, restrict_inductor
+
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -39,7 +41,6 @@ os.environ.setdefault("LAZY_COMPILER", "cpp")
 os.environ["LAZY_CACHE_DIR"] = tempfile.mkdtemp(prefix="lazy-bench-cache-")  # every graph really compiles
 import lazy  # noqa: E402
 import machine  # noqa: E402
-from common import add_isa_argument, cached_run, isa_line, rerun_per_isa  # noqa: E402
 
 SIZES = ((1024, 1024), (4096, 1024))
 
@@ -110,6 +111,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     names = args.only.split(",") if args.only else list(WORKLOADS)
+    restrict_inductor()
     print(machine.describe())
     print(isa_line())
     print(f"lazy compiler={lazy.config.compiler}, fastest of {args.reps}", file=sys.stderr)

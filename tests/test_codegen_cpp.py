@@ -315,3 +315,14 @@ def test_deep_chains_run_interleaved_copies_with_the_same_results(shape):
     torch.testing.assert_close(got, deep(x), rtol=1e-5, atol=1e-5)
     short = (x.to("lazy") * 2 + 1).cpu()
     assert "_1 = " not in graph_cache.latest().source and torch.equal(short, x * 2 + 1)
+
+
+def test_large_outputs_ask_for_huge_pages_and_stay_correct():
+    """Note [Huge pages for large outputs] (runtime/pages.py): a large fresh output is an ordinary tensor whose
+    contents the kernel writes; the madvise hint changes nothing but speed."""
+    from lazy.runtime import pages
+    t = pages.empty((pages.HUGE_MIN_BYTES // 4 + 3,), torch.float32)
+    assert t.shape == (pages.HUGE_MIN_BYTES // 4 + 3,) and t.is_contiguous()
+    x = torch.randn(2048, 1031)
+    got = (x.to("lazy") * 2 + 1).cpu()
+    assert torch.equal(got, x * 2 + 1)

@@ -140,7 +140,9 @@ def reduce(kind: str, x: TVal, dims: List[int], keepdim: bool, out: torch.dtype,
     elif kind in ("max", "min"):
         acc = out
     elif out.is_floating_point:
-        acc = torch.float64  # NOTE: float sums accumulate in double: sound without pairwise summation.
+        # NOTE: float sums accumulate in double: sound without pairwise summation (short ones: Note [Short float sums
+        # in float lanes] in codegen/cpp.py)
+        acc = torch.float64
     else:
         acc = torch.int64
 

@@ -28,13 +28,14 @@ from ..ir.graph import Linearized, format_graph
 from ..ir.node import DATA
 from ..lower import Extern, lower
 from ..schedule import Kernel, format_schedule, schedule
+from . import pages
 from .cpp_isa import IsaError, target, target_isa  # noqa: F401 -- benchmarks/machine.py reports target_isa
 from .reference import EXEC_OVERRIDES, _direct, _fill, eager_dispatch
 from .reference import Program as ReferenceProgram
 from .reference import _plan as _plan_args
 
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-fno-trapping-math", "-fwrapv",
-         "-ffp-contract=off")
+         "-ffp-contract=off", "-fno-tree-loop-distribute-patterns")
 # NOTE: no -ffast-math: results must match eager (NaN/inf semantics, no reassociation). -fno-math-errno only lets
 # sqrt & co. compile to instructions instead of libm calls that set errno; values are unchanged. -fwrapv: signed
 # integer overflow wraps, as eager's does (int64 mul, int32 add, abs/neg of INT_MIN), instead of being UB.
@@ -42,7 +43,9 @@ FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno",
 # once), even in ISO mode; the math functions of cpp_math.py ask for their FMAs explicitly (__builtin_fma).
 # -fno-trapping-math only gives up the floating-point exception *flags* (nothing reads them; values, NaN/inf and
 # signed zeros are unchanged); without it g++ will not if-convert selects or vectorize floor/ceil, so the math of
-# cpp_math.py would stay scalar. The -march/-m flags come from lazy.config.cpu_isa: flags() (Note [Kernel ISA] in
+# cpp_math.py would stay scalar. -fno-tree-loop-distribute-patterns: a lane loop that only copies (a float row summed
+# in float lanes, Note [Short float sums in float lanes]) stays a vector loop, not a memcpy call per block. The
+# -march/-m flags come from lazy.config.cpu_isa: flags() (Note [Kernel ISA] in
 # cpp_isa.py).
 
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
@@ -232,7 +235,7 @@ class Program:
                 if step[0] is _SEGMENT:
                     _, label, fn, allocs, frees, count, names = step
                     for i, shape, dtype in allocs:
-                        t = torch.empty(shape, dtype=dtype)
+                        t = pages.empty(shape, dtype)  # Note [Huge pages for large outputs]
                         values[i] = t
                         ptrs[i] = t.data_ptr()
                     if timer is not None:
