@@ -107,11 +107,7 @@ class Program:
         self.kernel_ir = format_schedule(sched)
         source, segments = renderer.render(sched, config.debug >= 3)  # kernel IR -> C++
         self.source = source
-        self.graph_text = format_graph(lin.order, lin.outputs)
-        self.num_nodes = sum(1 for n in lin.order if n.op is not DATA)
-        self.num_kernels = len(sched.kernels)
-        self.num_externs = sum(isinstance(s, Extern) for s in sched.steps)
-        self.externs_by_op = dict(lowered.externs_by_op)
+        describe(self, lin, lowered, sched)
         key = disk.graph_digest(lin, "cpp", config.cxx, " ".join(flags()), target().key())
         self.lib = self._load(key, source) if segments else None
         self._plan(lowered, sched, segments)
@@ -376,6 +372,15 @@ def _raise_kernel_error(err: int) -> None:
                                "embedding or scatter): some index is >= the size of the dimension it indexes, or "
                                "< -size; eager raises on the same input")
     raise ZeroDivisionError("lazy: integer division by zero in a compiled kernel")
+
+
+def describe(program: Any, lin: Linearized, lowered: Any, sched: Any) -> None:
+    """What a compiled program tells about itself (dumps, tests, metrics): shared by the cpp and Triton programs."""
+    program.graph_text = format_graph(lin.order, lin.outputs)
+    program.num_nodes = sum(1 for n in lin.order if n.op is not DATA)
+    program.num_kernels = len(sched.kernels)
+    program.num_externs = sum(isinstance(s, Extern) for s in sched.steps)
+    program.externs_by_op = dict(lowered.externs_by_op)
 
 
 def compile_cpp(lin: Linearized, device: torch.device) -> Any:

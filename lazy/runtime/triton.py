@@ -29,12 +29,11 @@ from ..codegen import triton as renderer
 from ..config import config
 from ..debug import metrics
 from ..debug.log import log
-from ..ir.graph import Linearized, format_graph
-from ..ir.node import DATA
+from ..ir.graph import Linearized
 from ..lower import Extern, lower
 from ..schedule import Kernel, format_schedule, schedule
 from . import triton_build as build
-from .cpp import _call_extern, _raise_kernel_error
+from .cpp import _call_extern, _raise_kernel_error, describe
 from .reference import EXEC_OVERRIDES, _direct, eager_dispatch
 from .reference import Program as ReferenceProgram
 from .reference import _plan as _plan_args
@@ -58,11 +57,7 @@ class Program:
         self.kernel_ir = format_schedule(sched)
         source, launches = renderer.render(sched)              # kernel IR -> Triton
         self.source = source
-        self.graph_text = format_graph(lin.order, lin.outputs)
-        self.num_nodes = sum(1 for n in lin.order if n.op is not DATA)
-        self.num_kernels = len(sched.kernels)
-        self.num_externs = sum(isinstance(s, Extern) for s in sched.steps)
-        self.externs_by_op = dict(lowered.externs_by_op)
+        describe(self, lin, lowered, sched)
         self.launches = launches
         dtypes = {b.id: b.dtype for s in sched.kernels for b in s.buffers()}
         build.use_cache_dir(self.interpret)
