@@ -164,8 +164,10 @@ def _check_support(got, want, where):
     if want.numel() == 0 or want.is_complex() or want.dtype == torch.bool:
         return
     w, g = want.double().cpu(), got.double()
-    for name, prop in (("finite", lambda t: torch.isfinite(t).all()), ("integers", lambda t: (t == t.round()).all()),
-                       ("non-negative", lambda t: (t >= 0).all()), ("within [0, 1]", lambda t: ((t >= 0) & (t <= 1)).all())):
+    props = [("finite", lambda t: torch.isfinite(t).all()), ("integers", lambda t: (t == t.round()).all())]
+    if want.numel() >= 16:  # a few draws lie in [0, 1] by chance (normal with a small std): not the op's support
+        props += [("non-negative", lambda t: (t >= 0).all()), ("within [0, 1]", lambda t: ((t >= 0) & (t <= 1)).all())]
+    for name, prop in props:
         assert not prop(w) or prop(g), f"{where}: eager's values are {name}, lazy's are not: {g.flatten()[:8].tolist()}"
 
 

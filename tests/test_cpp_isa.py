@@ -59,7 +59,9 @@ def test_kernels_equal_eager(isa, name):
         if shutil.which("objdump"):
             asm = subprocess.run(["objdump", "-d", program.lib._name], capture_output=True, text=True,
                                  check=True).stdout
-            assert "ymm" in asm and "zmm" not in asm
+            assert "zmm" not in asm  # no AVX-512 instruction anywhere in the library
+            if name == "chain":  # plain arithmetic: vectorized at AVX2's width by any g++ (libm calls may not be)
+                assert "ymm" in asm
 
 
 def test_isa_is_in_the_disk_key_and_the_graph_cache():

@@ -1,4 +1,5 @@
 """Fusion: kernel counts (asserted through lazy.metrics), no stored intermediates, horizontal fusion."""
+import os
 import importlib.util
 import re
 
@@ -20,7 +21,8 @@ pytestmark = pytest.mark.usefixtures("cpp_compiler")
 def backend(request, tmp_path):
     """The kernel-count tests on both compilers (one schedule, two renderers): the cpp backend on the cpu, the
     Triton backend on the backing device (interpreted on the cpu)."""
-    device = "cpu" if request.param == "cpp" else lazy.config.backing_device
+    # the session's backing device (this module's cpp_compiler fixture pins the cpu in lazy.config)
+    device = "cpu" if request.param == "cpp" else os.environ.get("LAZY_BACKING_DEVICE", "cpu")
     with lazy.config.override(compiler=request.param, backing_device=device, cache_dir=str(tmp_path)):
         yield request.param
 
