@@ -24,11 +24,11 @@ os.environ.setdefault("LAZY_COMPILER", "cpp")
 os.environ["LAZY_CACHE_DIR"] = tempfile.mkdtemp(prefix="lazy-bench-cache-")
 import lazy  # noqa: E402
 import machine  # noqa: E402
+from common import chain  # noqa: E402
 from lazy import _C  # noqa: E402
 from lazy.capture.function import state_of  # noqa: E402
 
 L = "lazy"
-OPS = (lambda t: t * 1.01, lambda t: t + 0.1, lambda t: t.sin(), lambda t: t.relu(), lambda t: t - 0.05)
 
 
 def bench(fns: list, reps: int, inner: int = 20) -> list:
@@ -72,13 +72,9 @@ def row(name: str, eager: float, lazy_us: float, compiled: float) -> str:
     return f"{name:<42}{eager:10.2f}{lazy_us:14.2f}{compiled:16.2f}{lazy_us / eager:11.2f}x{lazy_us / compiled:9.2f}x"
 
 
-def trivial() -> None:
-    def f(x):
-        return x + 1
-
-    def plain(x):
-        return x + 1
-
+def cached_call(title: str, f, plain, reps: int, inner: int = 20, **tolerance) -> None:
+    """A cached call of ``lazy.compile(f)`` at 16x16 against eager and a cached torch.compile of ``plain`` (the same
+    function, another object: ``f`` itself is compiled), and the lazy call split into its parts."""
     x = torch.randn(16, 16)
     xl = x.to(L)
     lazy.compile(f)
@@ -86,14 +82,27 @@ def trivial() -> None:
     for _ in range(3):
         f(xl)
         tc(x)
-    torch.testing.assert_close(f(xl).cpu(), tc(x))
+    torch.testing.assert_close(f(xl).cpu(), tc(x), **tolerance)
+    torch.testing.assert_close(plain(x), tc(x), **tolerance)
     eager, lz, compiled, check, replay, kernel = bench(
-        [lambda: plain(x), lambda: f(xl), lambda: tc(x)] + lazy_split(f, (xl,)), reps=300)
-    print(f"\n1. trivial function x + 1 at 16x16, µs per cached call ({load()})")
+        [lambda: plain(x), lambda: f(xl), lambda: tc(x)] + lazy_split(f, (xl,)), reps=reps, inner=inner)
+    scalars = len(program_arguments(f, (xl,))[2])
+    print(f"\n{title}, µs per cached call ({load()})")
     print(f"{'':<42}{'eager':>10}{'lazy.compile':>14}{'torch.compile':>16}{'lazy/eager':>12}{'lazy/tc':>10}")
     print(row("call", eager, lz, compiled))
     print(f"  lazy: overhead apart from the program {lz - kernel:.2f} µs: guard check {check:.2f}, replay without its "
-          f"program {replay - kernel:.2f}, hook and handler {lz - check - replay:.2f}; the program {kernel:.2f}")
+          f"program {replay - kernel:.2f} ({scalars} runtime scalars), hook and handler {lz - check - replay:.2f}; "
+          f"the program {kernel:.2f}")
+
+
+def trivial() -> None:
+    def f(x):
+        return x + 1
+
+    def plain(x):
+        return x + 1
+
+    cached_call("1. trivial function x + 1 at 16x16", f, plain, reps=300)
 
 
 def guard_checks() -> None:
@@ -123,33 +132,13 @@ def guard_checks() -> None:
 
 
 def chain_200() -> None:
-    def chain(x):
-        for i in range(200):
-            x = OPS[i % 5](x)
-        return x
+    def f(x):
+        return chain(x)
 
     def plain(x):
-        for i in range(200):
-            x = OPS[i % 5](x)
-        return x
+        return chain(x)
 
-    x = torch.randn(16, 16)
-    xl = x.to(L)
-    lazy.compile(chain)
-    tc = torch.compile(plain)
-    for _ in range(3):
-        chain(xl)
-        tc(x)
-    torch.testing.assert_close(chain(xl).cpu(), tc(x), rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(plain(x), tc(x), rtol=1e-4, atol=1e-5)
-    eager, lz, compiled, check, replay, kernel = bench(
-        [lambda: plain(x), lambda: chain(xl), lambda: tc(x)] + lazy_split(chain, (xl,)), reps=100, inner=5)
-    print(f"\n3. 200-op pointwise chain at 16x16, µs per cached call ({load()})")
-    print(f"{'':<42}{'eager':>10}{'lazy.compile':>14}{'torch.compile':>16}{'lazy/eager':>12}{'lazy/tc':>10}")
-    print(row("call", eager, lz, compiled))
-    print(f"  lazy: overhead apart from the program {lz - kernel:.2f} µs: guard check {check:.2f}, replay without its "
-          f"program {replay - kernel:.2f} ({len(program_arguments(chain, (xl,))[2])} runtime scalars), hook and "
-          f"handler {lz - check - replay:.2f}; the program {kernel:.2f}")
+    cached_call("3. 200-op pointwise chain at 16x16", f, plain, reps=100, inner=5, rtol=1e-4, atol=1e-5)
 
 
 def hook_on_plain_calls() -> None:

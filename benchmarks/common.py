@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 import sys
 from typing import Callable, List, Optional, Sequence
 
@@ -31,7 +32,10 @@ def rerun_per_isa(isas: str, argv: Sequence[str]) -> bool:
     for isa in isas.split(","):
         if isa not in ATEN_CAPABILITY:
             raise SystemExit(f"--isa {isa!r}: choose from {', '.join(ATEN_CAPABILITY)}")
-        env = dict(os.environ, LAZY_CPU_ISA=isa)
+        # Inductor's cache of its own per ISA: its key does not cover ATEN_CPU_CAPABILITY, and an entry compiled for
+        # one ISA, reused by a run for another, crashed that run (glibc: double free)
+        env = dict(os.environ, LAZY_CPU_ISA=isa,
+                   TORCHINDUCTOR_CACHE_DIR=os.path.join(tempfile.gettempdir(), f"lazy-bench-inductor-{isa}"))
         env.pop("ATEN_CPU_CAPABILITY", None)
         if ATEN_CAPABILITY[isa] is not None:
             env["ATEN_CPU_CAPABILITY"] = ATEN_CAPABILITY[isa]
@@ -63,6 +67,16 @@ def isa_line() -> str:
             f"{torch.backends.cpu.get_cpu_capability()}, torch.compile {cpu_vec_isa.pick_vec_isa() or 'scalar'}")
 
 
+OPS = (lambda t: t * 1.01, lambda t: t + 0.1, lambda t: t.sin(), lambda t: t.relu(), lambda t: t - 0.05)
+
+
+def chain(x):
+    """The 200-op pointwise chain of the benchmarks (multiply, add, sin, relu, subtract, 40 times)."""
+    for i in range(200):
+        x = OPS[i % 5](x)
+    return x
+
+
 def cached_run(fn: Callable, args: Sequence) -> tuple:
     """(program, call): the compiled program of ``fn``'s graph and a call that runs it on the same leaves (no
     recording, no cache lookup: the kernels, extern calls and output allocation of one cached run)."""
@@ -85,8 +99,9 @@ def cached_run(fn: Callable, args: Sequence) -> tuple:
     program.run = spy  # NOTE: an instance attribute over the method, removed again below
     y = fn(*lz)
     lazy.mark_step()
+    lazy.wait_device_ops()  # the run may be launched on the worker (Note [Asynchronous execution])
     del program.run
     leaves, scalars = seen["args"]
     first = y[0] if isinstance(y, (list, tuple)) else y
-    torch.testing.assert_close(run(leaves, scalars)[0], first.cpu())
+    torch.testing.assert_close(run(leaves, scalars)[0].cpu(), first.cpu())
     return program, lambda: run(leaves, scalars)

@@ -26,17 +26,8 @@ import torch.nn.functional as F  # noqa: E402
 
 import lazy  # noqa: E402
 import machine  # noqa: E402
+from common import cached_run, chain  # noqa: E402
 from lazy.debug import metrics  # noqa: E402
-from lazy.cache import graph_cache  # noqa: E402
-
-OPS = (lambda t: t * 1.01, lambda t: t + 0.1, lambda t: t.sin(), lambda t: t.relu(), lambda t: t - 0.05)
-
-
-def chain(x: torch.Tensor) -> torch.Tensor:
-    for i in range(200):
-        x = OPS[i % 5](x)
-    return x
-
 
 def timed(fn, reps: int) -> float:
     """Median seconds per call, CUDA events around each call after a warm-up."""
@@ -51,29 +42,6 @@ def timed(fn, reps: int) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
     return statistics.median(times)
-
-
-def cached_run(fn, args) -> tuple:
-    """(program, call): the cached program of ``fn``'s graph and a call that runs it on the same leaves."""
-    lz = [a.to("lazy") for a in args]
-    lazy.mark_step()
-    y = fn(*lz)
-    lazy.mark_step()
-    program = graph_cache.latest()
-    seen = {}
-    run = program.run
-
-    def spy(leaves, scalars):
-        seen["args"] = (list(leaves), list(scalars))
-        return run(leaves, scalars)
-
-    program.run = spy  # NOTE: an instance attribute over the method, removed again below
-    y = fn(*lz)
-    lazy.mark_step()
-    del program.run
-    leaves, scalars = seen["args"]
-    torch.testing.assert_close(run(leaves, scalars)[0].cpu(), y.cpu())
-    return program, lambda: run(leaves, scalars)
 
 
 def row(name: str, fn, args, nbytes: int, reps: int, roof: float) -> None:

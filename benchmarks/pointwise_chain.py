@@ -28,17 +28,8 @@ os.environ.setdefault("LAZY_COMPILER", "cpp")
 os.environ["LAZY_CACHE_DIR"] = tempfile.mkdtemp(prefix="lazy-bench-cache-")  # first compile really compiles
 import lazy  # noqa: E402
 import machine  # noqa: E402
-from common import add_isa_argument, cached_run, isa_line, rerun_per_isa, restrict_inductor  # noqa: E402
+from common import add_isa_argument, cached_run, chain, isa_line, rerun_per_isa, restrict_inductor  # noqa: E402
 from lazy.cache import graph_cache  # noqa: E402
-
-OPS = (lambda t: t * 1.01, lambda t: t + 0.1, lambda t: t.sin(), lambda t: t.relu(), lambda t: t - 0.05)
-
-
-def chain(x: torch.Tensor) -> torch.Tensor:
-    for i in range(200):
-        x = OPS[i % 5](x)
-    return x
-
 
 def bench(fns, reps: int) -> list:
     """Fastest seconds per call of each of ``fns``, measured interleaved (one call of each per round), so a burst
@@ -97,6 +88,7 @@ def run(n: int, reps: int) -> None:
     def lazy_step():
         y = chain(xl)
         lazy.mark_step()
+        lazy.wait_device_ops()  # the step includes its run (Note [Asynchronous execution])
         return y
 
     lazy.metrics.reset()
@@ -145,6 +137,7 @@ def memory_bound(n: int, reps: int) -> None:
     def lazy_step():
         y = fn(xl)
         lazy.mark_step()
+        lazy.wait_device_ops()  # the step includes its run (Note [Asynchronous execution])
         return y
 
     compiled = torch.compile(fn)

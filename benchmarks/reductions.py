@@ -64,9 +64,8 @@ def load() -> str:
 
 def bench(fn, reps: int) -> float:
     """Fastest seconds per call of ``reps`` calls back to back."""
-    # NOTE: not interleaved with the other columns (pointwise_chain.bench is, in another session's work): here each
-    # call would then start with its 4-16 MB input evicted from L2 by the others, which measured every column 1.3-3x
-    # slower (eager layer_norm 1024^2: 0.44 -> 1.17 ms) and no longer comparable with the figures in the README.
+    # NOTE: not interleaved with the other columns (pointwise_chain.bench is): here each call would then start
+    # with its 4-16 MB input evicted from L2 by the others, which measured every column 1.3-3x slower (eager layer_norm 1024^2: 0.44 -> 1.17 ms) and no longer comparable with the figures in the README.
     times = []
     for _ in range(reps):
         t = time.perf_counter()
@@ -86,6 +85,7 @@ def measure(name: str, shape: tuple, reps: int) -> tuple:
     def lazy_step():
         y = fn(*lz)
         lazy.mark_step()
+        lazy.wait_device_ops()  # the step includes its run (Note [Asynchronous execution])
         return y
 
     # NOTE: lazy sums in double, eager in float32 (pairwise): both within 1e-4 of the exact sum here

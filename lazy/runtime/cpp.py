@@ -166,12 +166,7 @@ class Program:
         for i, step in enumerate(sched.steps):
             frees = [b for b in sched.frees.get(i, ()) if b not in kept]
             if isinstance(step, Extern):
-                fn = _direct(EXEC_OVERRIDES.get(step.fn, step.fn))
-                views = tuple((j, v) for j, v in enumerate(step.views) if v is not None)
-                steps.append([_EXTERN, step.name, fn, step.args, step.kwargs, _plan_args(step.args, step.kwargs),
-                              tuple(b.id for b in step.inputs), views, tuple(step.slots),
-                              tuple((b.id if b is not None else None) for b in step.outputs),
-                              tuple(frees)])
+                steps.append([_EXTERN, step.name, extern_call(step), tuple(frees)])
                 continue
             if id(step) in seg_of:
                 n = seg_of[id(step)]
@@ -242,20 +237,10 @@ class Program:
                         _raise_kernel_error(err)
                     launched += count
                 else:
-                    _, label, fn, args, kwargs, plan, ins, views, slots, outs, frees = step
+                    _, label, call, frees = step
                     start = time.perf_counter() if timer is not None else 0.0
-                    ivals = [values[i] for i in ins]
-                    for j, (shape, strides, offset) in views:  # Note [Extern inputs are views] (lower/graph.py)
-                        base = ivals[j]
-                        ivals[j] = base.as_strided(shape, strides, base.storage_offset() + offset)
-                    result = _call_extern(fn, args, kwargs, plan, ivals, scalars, slots, self.device)
-                    results = result if len(outs) > 1 or isinstance(result, (tuple, list)) else (result,)
-                    for i, t in zip(outs, results):
-                        if i is None:
-                            continue
-                        if not t.is_contiguous():
-                            t = t.contiguous()
-                        elif check_alias and _inside(t, arena):  # a view of an arena buffer: copy it out
+                    for i, t in run_extern(call, values, scalars, self.device):
+                        if check_alias and _inside(t, arena):  # a view of an arena buffer: copy it out
                             t = t.clone()
                         values[i] = t
                         ptrs[i] = t.data_ptr()
@@ -312,6 +297,29 @@ def _inside(t: torch.Tensor, arena: torch.Tensor) -> bool:
     p = t.untyped_storage().data_ptr()
     base = arena.data_ptr()
     return base <= p < base + arena.numel()
+
+
+def extern_call(step: Extern) -> tuple:
+    """What a compiled program keeps of an extern step to run it (``run_extern``): the callable, its argument
+    template and plan, input buffer ids, the inputs passed as views, scalar slots, output buffer ids."""
+    fn = _direct(EXEC_OVERRIDES.get(step.fn, step.fn))
+    views = tuple((j, v) for j, v in enumerate(step.views) if v is not None)
+    return (fn, step.args, step.kwargs, _plan_args(step.args, step.kwargs), tuple(b.id for b in step.inputs), views,
+            tuple(step.slots), tuple((b.id if b is not None else None) for b in step.outputs))
+
+
+def run_extern(call: tuple, values: List[Any], scalars: Sequence[Any], device: torch.device) -> List[tuple]:
+    """An extern step of a compiled program, ``call`` made by ``extern_call``: the ATen
+    call on its input buffers (affine views passed as strided views, Note [Extern inputs are views] in
+    lower/graph.py); returns (buffer id, contiguous result) for each output the program keeps."""
+    fn, args, kwargs, plan, ins, views, slots, outs = call
+    ivals = [values[i] for i in ins]
+    for j, (shape, strides, offset) in views:
+        base = ivals[j]
+        ivals[j] = base.as_strided(shape, strides, base.storage_offset() + offset)
+    result = _call_extern(fn, args, kwargs, plan, ivals, scalars, slots, device)
+    results = result if len(outs) > 1 or isinstance(result, (tuple, list)) else (result,)
+    return [(i, t if t.is_contiguous() else t.contiguous()) for i, t in zip(outs, results) if i is not None]
 
 
 def _call_extern(fn: Any, args: tuple, kwargs: tuple, plan: Any, ivals: List[Any], scalars: Sequence[Any],

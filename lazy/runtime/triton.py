@@ -33,10 +33,9 @@ from ..ir.graph import Linearized
 from ..lower import Extern, lower
 from ..schedule import Kernel, format_schedule, schedule
 from . import triton_build as build
-from .cpp import _call_extern, _raise_kernel_error, describe
-from .reference import EXEC_OVERRIDES, _direct, eager_dispatch
+from .cpp import _raise_kernel_error, describe, extern_call, run_extern
+from .reference import eager_dispatch
 from .reference import Program as ReferenceProgram
-from .reference import _plan as _plan_args
 
 _KERNEL, _EXTERN = "kernel", "extern"
 
@@ -100,11 +99,7 @@ class Program:
         for i, step in enumerate(sched.steps):
             frees = tuple(sched.frees.get(i, ()))
             if isinstance(step, Extern):
-                fn = _direct(EXEC_OVERRIDES.get(step.fn, step.fn))
-                views = tuple((j, v) for j, v in enumerate(step.views) if v is not None)
-                steps.append((_EXTERN, fn, step.args, step.kwargs, _plan_args(step.args, step.kwargs),
-                              tuple(b.id for b in step.inputs), views, tuple(step.slots),
-                              tuple((b.id if b is not None else None) for b in step.outputs), frees))
+                steps.append((_EXTERN, extern_call(step), frees))
                 continue
             assert isinstance(step, Kernel)
             launch = self.launches[n]
@@ -169,18 +164,8 @@ class Program:
                             run(grid, 1, 1, stream, function, meta, None, None, None, *args)
                         launched += 1
                 else:
-                    _, fn, args, kwargs, plan, ins, views, slots, outs, frees = step
-                    ivals = [values[i] for i in ins]
-                    for j, (shape, strides, offset) in views:  # Note [Extern inputs are views] (lower/graph.py)
-                        base = ivals[j]
-                        ivals[j] = base.as_strided(shape, strides, base.storage_offset() + offset)
-                    result = _call_extern(fn, args, kwargs, plan, ivals, scalars, slots, device)
-                    results = result if len(outs) > 1 or isinstance(result, (tuple, list)) else (result,)
-                    for i, t in zip(outs, results):
-                        if i is None:
-                            continue
-                        if not t.is_contiguous():
-                            t = t.contiguous()
+                    _, call, frees = step
+                    for i, t in run_extern(call, values, scalars, device):
                         values[i] = t
                         aligned = aligned and t.data_ptr() % 16 == 0
                 for i in frees:
