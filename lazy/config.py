@@ -33,11 +33,10 @@ KNOBS = (
          "How graphs are compiled: 'cpp' (fused C++/OpenMP kernels), 'triton' (fused Triton kernels: on a CUDA "
          "backing device, or interpreted on the cpu), 'reference' (each node through ATen), or 'auto' (cpp on a cpu "
          "backing device, triton on cuda, reference where triton is not installed)."),
-    Knob("async_execution", "auto", "LAZY_ASYNC",
+    Knob("async_execution", False, "LAZY_ASYNC",
          "1: a mark_step launches its graph on a worker thread and returns; only reading data (.cpu(), .item(), "
-         "print, bool) waits, and lazy.wait_device_ops() waits for all. 0: every sync runs its graph before "
-         "returning. 'auto': 1 on a cpu backing device, 0 on cuda (Note [Asynchronous execution]).",
-         lambda text: "auto" if text.strip().lower() == "auto" else _bool(text)),
+         "print, bool) waits, and lazy.wait_device_ops() waits for all. 0, the default: every sync runs its graph "
+         "before returning (Note [Asynchronous execution] says why).", _bool),
     Knob("capture_verify", False, "LAZY_CAPTURE_VERIFY",
          "lazy.compile: run every replay and a plain run of the same call, and raise on the first difference "
          "(outputs, tensors and Python state it writes).", _bool),

@@ -14,7 +14,7 @@ L = "lazy"
 
 @pytest.fixture(autouse=True)
 def asynchronous():
-    """Asynchronous execution on whatever the backing device (its default, 'auto', is on only on the cpu)."""
+    """Asynchronous execution on (it is off by default)."""
     with lazy.config.override(async_execution=True):
         yield
 

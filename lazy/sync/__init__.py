@@ -71,7 +71,7 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
             st.failed = st.value
         raise
     # Note [Asynchronous execution] (sync/launch.py): a sync that returns no data launches and returns
-    strides = launch.layout_known(program) if not roots and launch.enabled(device) else None
+    strides = launch.layout_known(program) if not roots and launch.enabled() else None
     if strides is not None and record.CAPTURE is None:
         launch.check_leaves(lin.leaves)
         outs = launch.launch(program, lin.leaves, lin.scalars, [st.value for st in pending], strides,

@@ -20,8 +20,11 @@ on the placeholder's strides never reads another layout.
 On the cpu the worker's kernels (ctypes calls, ATen externs) release the GIL, so they run beside the recorder;
 on cuda the worker enqueues on the stream that was current at the launch. There, a program's host work is Python
 launching kernels, which holds the GIL as the recorder does: measured on an H100 (the 6x384 GPT step at batch 8),
-recording took 58 ms per step beside the worker against 26 ms alone, so 'auto' launches asynchronously only on
-the cpu until launches leave Python. An execution that raises poisons those
+recording took 58 ms per step beside the worker against 26 ms alone. On a 2-core cpu the worker's OpenMP team
+competes with the calling thread's (idle OpenMP threads spin before they sleep): a softmax step at 4096x1024
+that waits for its run took 14.6 ms launched against 3.3 ms run in place, and training steps gained nothing
+(benchmarks/README.md). So execution is synchronous unless ``async_execution`` is set, until launches leave
+Python and the worker's threads are budgeted. An execution that raises poisons those
 launched before the calling thread learns of it (they may read its outputs); the error is raised at the next
 sync or wait, naming the launching line, and the synced storages get their IR back and are marked failed, as
 after a synchronous failure: reading them raises again, and any graph that would read a poisoned placeholder
@@ -92,10 +95,9 @@ class _State:
 _S = _State()
 
 
-def enabled(device: torch.device) -> bool:
-    """Whether syncs launch asynchronously on ``device`` (``lazy.config.async_execution``)."""
-    setting = config.async_execution
-    return device.type == "cpu" if setting == "auto" else bool(setting)
+def enabled() -> bool:
+    """Whether syncs launch asynchronously (``lazy.config.async_execution``)."""
+    return bool(config.async_execution)
 
 
 def layout_known(program: Any) -> Optional[tuple]:
