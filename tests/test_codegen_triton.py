@@ -278,6 +278,24 @@ def test_few_long_rows_are_split_reductions(monkeypatch):
     assert "stage sum over [4200]" in program.kernel_ir  # x.var(1): a stage reading another is not split
 
 
+def test_few_long_columns_are_split_tiled_reductions():
+    """Note [Split reductions]: column sums of few outputs over many rows (a LayerNorm's weight and bias
+    gradients) reduce chunks of rows in many programs, then the partials, both kernels tiled."""
+    g = torch.Generator().manual_seed(6)
+    x, w, b = torch.randn(4100, 72, generator=g), torch.randn(72, generator=g), torch.randn(72, generator=g)
+
+    def grads(x, w, b):
+        w, b = w.detach().requires_grad_(), b.detach().requires_grad_()
+        y = F.layer_norm(x, (72,), w, b)
+        return list(torch.autograd.grad(y.square().sum(), [w, b]))
+
+    kernels, program = run(grads, x, w, b, rtol=1e-4, atol=1e-3)
+    parts = [k for k in program.kernel_ir.split("kernel ")[1:] if k.split()[0].rstrip(":").endswith("p")]
+    assert parts and all("tile=" in k for k in parts), program.kernel_ir
+    kernels, program = run(lambda x: [x.sum(0), x.amax(0)], x, rtol=1e-5, atol=1e-4)
+    assert "stage max over [16]" in program.kernel_ir  # 16 chunks of 257 rows, then their partials
+
+
 def test_compile_workers_never_run_the_users_script(tmp_path):
     """Note [Workers never run the user's script]: a script without the ``__main__`` guard starts the pool once and
     its top level runs once (spawned workers would otherwise import it again, and fail to start)."""

@@ -77,6 +77,12 @@ def _write(t: Any, out: torch.Tensor) -> None:
     st.version += 1
 
 
+def _write_bound(program: Any, t: Any, out: torch.Tensor) -> None:
+    st = t._lz_st
+    st.value = program.bind(st, out)
+    st.version += 1
+
+
 class _Consumed(torch.autograd.Function):
     """The autograd history of an output whose graph a backward inside the function already used: any backward
     through it fails, as it would in eager."""
@@ -191,8 +197,10 @@ class Entry:
                 scalars.append(f"R[{v}]" if kind == "reg" else r.expr(v) if kind == "expr" else r.const(v))
             body.append(f"S = [{', '.join(scalars)}]")
             body.append(f"O = {r.const(self.program)}.run(I, S)")
+            # a CUDA-graph program binds what it wrote into its static memory itself (Note [CUDA-graph replay])
+            write = f"_write_bound({r.const(self.program)}, " if hasattr(self.program, "bind") else "_write("
             for i, e in plan.mutated:
-                body.append(f"_write({r.expr(e)}, O[{i}])")
+                body.append(f"{write}{r.expr(e)}, O[{i}])")
         made: Dict[int, str] = {}
         for tid, (i, desc, numel) in (plan.created or {}).items():
             name = f"T{i}"
@@ -212,7 +220,8 @@ class Entry:
         body.extend(stores)
         body.append("return result")
         fn = compile_function("replay", "A", r.preamble + body, r.consts)
-        fn.__globals__.update(_input_data=_input_data, _snapshot=_snapshot, _write=_write, _new=new_tensor,
+        fn.__globals__.update(_input_data=_input_data, _snapshot=_snapshot, _write=_write, _write_bound=_write_bound,
+                              _new=new_tensor,
                               _leaf=data_leaf, _alias_pattern=_alias_pattern, _consumed=_consumed, _Miss=Miss)
         self.run_source = fn.__lazy_source__
         return fn

@@ -15,9 +15,18 @@ buffers and its runtime scalars, not Triton's Python launch path (binding, speci
 call). Kernels are compiled for 16-byte aligned buffers (as every buffer the caching allocator hands out is); a
 run whose leaves or extern results are not aligned takes Triton's own launch path, which compiles (once) and
 launches the variant they need.
+
+Note [Scalars in device memory]
+A CUDA graph (lazy/runtime/cuda_graph.py) replays its kernels with the arguments they were captured with, but a
+graph's runtime scalars change between runs (an optimizer's bias corrections, a scheduled learning rate). So a
+program built for graph replay (``scalar_memory``) renders kernels that load their scalars from two device
+buffers, float64 and int64, indexed by scalar slot; a run first copies the scalars there from host memory (one
+copy, outside any graph), and the kernels' arguments never change. Extern calls still take their scalars as
+Python numbers (a graph replay checks they are unchanged).
 """
 from __future__ import annotations
 
+import struct
 import time
 import warnings
 from typing import Any, List, Optional, Sequence
@@ -45,8 +54,10 @@ class Program:
 
     backend = "triton"
 
-    def __init__(self, lin: Linearized, device: torch.device, tiered: bool = False) -> None:
+    def __init__(self, lin: Linearized, device: torch.device, tiered: bool = False,
+                 scalar_memory: bool = False) -> None:
         self.device = device
+        self.scalar_memory = scalar_memory
         self.interpret = device.type != "cuda"
         if self.interpret and device.type != "cpu":
             raise RuntimeError(f"the triton backend runs on cuda (or, interpreted, on the cpu), not on {device}")
@@ -54,16 +65,18 @@ class Program:
         sched = schedule(lowered, renderer.LIMITS)             # fusion, order, buffer lifetimes
         sched = renderer.split_reductions(sched)               # few long rows: two kernels
         self.kernel_ir = format_schedule(sched)
-        source, launches = renderer.render(sched)              # kernel IR -> Triton
+        source, launches = renderer.render(sched, scalar_memory)  # kernel IR -> Triton
         self.source = source
         describe(self, lin, lowered, sched)
         self.launches = launches
         dtypes = {b.id: b.dtype for s in sched.kernels for b in s.buffers()}
         build.use_cache_dir(self.interpret)
-        key = disk.graph_digest(lin, "triton", "interpret" if self.interpret else "cuda")
+        key = disk.graph_digest(lin, "triton", "interpret" if self.interpret else "cuda",
+                                "memory" if scalar_memory else "")
         path = build.module_path(key, source)
         self.module = build.load_module(path, self.interpret)  # a syntax error shows here, in the caller
         self._plan(lowered, sched)
+        self._scalar_buffers(len(lin.scalars))
         self._pending: Any = None
         self._fallback: Optional[ReferenceProgram] = None
         self._jit = [getattr(self.module, launch.name) for launch in launches]
@@ -109,6 +122,32 @@ class Program:
             n += 1
         self.steps = steps
 
+    def _scalar_buffers(self, n: int) -> None:
+        """Note [Scalars in device memory]: the device buffers (float64 slots, then int64 slots, in one
+        allocation) and the layout a run packs its scalars in."""
+        self.extern_slots = tuple(sorted({s for step in self.steps if step[0] is _EXTERN for s in step[1][6]}))
+        self._scal = self._sf = self._si = None
+        if not self.scalar_memory or n == 0:
+            return
+        floats = {s: f for step in self.steps if step[0] is _KERNEL for s, f in zip(step[4], step[5])}
+        self._float_slots = [s if floats.get(s) is True else None for s in range(n)]
+        self._int_slots = [s if floats.get(s) is False else None for s in range(n)]
+        self._pack = struct.Struct(f"<{n}d{n}q")
+        self._scal = torch.zeros(2 * n, dtype=torch.int64, device=self.device)
+        self._sf, self._si = self._scal[:n].view(torch.float64), self._scal[n:]
+
+    def load_scalars(self, scalars: Sequence[Any]) -> None:
+        """Copy the runtime scalars to the device buffers (Note [Scalars in device memory]); stream-ordered."""
+        if self._scal is None:
+            return
+        host = bytearray(self._pack.pack(*[0.0 if s is None else float(scalars[s]) for s in self._float_slots],
+                                         *[0 if s is None else int(scalars[s]) for s in self._int_slots]))
+        self._scal.view(torch.uint8).copy_(torch.frombuffer(host, dtype=torch.uint8), non_blocking=True)
+
+    def ready(self) -> bool:
+        """Whether a run launches the compiled kernels (not the reference executor of a tiered compile)."""
+        return self._bound is not None or (self.steps is not None and self._ready())
+
     def _ready(self) -> bool:
         """Whether the kernels are loaded; loads them once the pool has compiled them (Note [Triton compiles])."""
         if self._bound is not None:
@@ -136,6 +175,12 @@ class Program:
     def run(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any]) -> List[torch.Tensor]:
         if self._bound is None and (self.steps is None or not self._ready()):
             return self._fallback.run(leaves, scalars)
+        self.load_scalars(scalars)
+        return self.launch(leaves, scalars)
+
+    def launch(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any]) -> List[torch.Tensor]:
+        """The kernels and externs in step order, the scalars already loaded (``load_scalars``): what a CUDA graph
+        captures."""
         values: List[Any] = [None] * self.num_buffers
         aligned = True
         for i, t in zip(self.leaf_ids, leaves):
@@ -154,7 +199,10 @@ class Program:
                             values[i] = torch.empty(shape, dtype=dtype, device=device)
                     if grid > 0:
                         args = [values[i] for i in bufs]
-                        args += [float(scalars[s]) if f else int(scalars[s]) for s, f in zip(slots, floats)]
+                        if self.scalar_memory:
+                            args += [b for b, want in ((self._sf, True), (self._si, False)) if want in floats]
+                        else:
+                            args += [float(scalars[s]) if f else int(scalars[s]) for s, f in zip(slots, floats)]
                         if self.interpret:
                             self._interpret(n, grid, args)
                         elif not aligned:
@@ -188,11 +236,11 @@ class Program:
             raise
 
 
-def compile_triton(lin: Linearized, device: torch.device, tiered: bool = False) -> Any:
+def compile_triton(lin: Linearized, device: torch.device, tiered: bool = False, scalar_memory: bool = False) -> Any:
     """The triton backend's compiler for graph_cache; falls back to the reference executor on any failure."""
     start = time.perf_counter()
     try:
-        program = Program(lin, device, tiered)
+        program = Program(lin, device, tiered, scalar_memory)
     except Exception as e:  # noqa: BLE001 -- any failure falls back, loudly and counted
         cause = f"{type(e).__name__}: {e}"
         metrics.bump("compile_fallback")

@@ -116,7 +116,9 @@ def load_module(path: str, interpret: bool) -> Any:
 
 def warm_args(launch: Any, dtypes: Dict[int, Any]) -> List[Any]:
     """Arguments that specialize a kernel as a run does (16-byte aligned buffers; scalars are never
-    specialized): dtypes stand for tensors (Triton's warmup takes them so)."""
+    specialized): dtypes stand for tensors (Triton's warmup takes them so), scalar buffers included."""
+    if launch.memory:
+        return [dtypes[b] for b in launch.buffers] + launch.scalar_buffers()
     return [dtypes[b] for b in launch.buffers] + [0.0 if f else 0 for f in launch.floats]
 
 

@@ -1,0 +1,203 @@
+"""CUDA-graph replay of a compiled Triton program: ``lazy.compile(mode="reduce-overhead")`` on a cuda backing device.
+
+Note [CUDA-graph replay]
+A captured step replays one compiled program; on the GPU its host cost is the launches (hundreds of kernels and
+externs, tens of microseconds each from Python). A ``GraphedProgram`` records those launches once into a CUDA graph
+and then replays the whole program with one ``cudaGraphLaunch``. A graph replays fixed addresses and fixed kernel
+arguments, which decides the rest:
+- **Inputs** are copied into static buffers the graph reads (owned here), unless the input *is* the buffer: the
+  storages a step updates in place (parameters, optimizer state) are written back into their input's buffer at the
+  end of the graph, and bound to it, so a training loop copies nothing in or out for them.
+- **Scalars** change between runs, so the program reads them from device memory (Note [Scalars in device memory] in
+  runtime/triton.py), loaded before each replay. Extern calls take Python numbers: the graph is recaptured when one
+  of theirs changes (at most ``MAX_RECAPTURES`` times; then the program runs without a graph).
+- **Outputs**: tensors the call creates (its return value) are cloned out of the graph's memory, which the next
+  replay overwrites; storages it updates are bound to the static memory directly.
+- **Soundness of writing in place.** A replay overwrites the static buffers, so it must not happen while anything
+  else still reads the values bound to them: lazy IR recorded between two calls (``ema = 0.9 * ema + p``, unsynced)
+  holds the data leaf that the last replay bound to the storage. Each leaf bound to static memory is remembered with
+  its storage; a replay first checks, by reference count, that none is referenced beyond its storage, and where one
+  is, runs the program without the graph instead (fresh outputs, nothing overwritten; ``cuda_graph.unsafe_runs``).
+- **Not graphed**: programs with random ops (their generators are made per run) or collectives, and programs
+  whose kernels are not compiled yet (tiered compilation); these run as the plain program. The first run after the
+  kernels are ready is a plain one too (warm-up: allocator, cuBLAS workspaces), the second captures.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+import torch
+
+from ..debug import metrics
+from ..debug.log import log
+from ..ir.layout import non_overlapping_and_dense
+from ..ir.node import data_leaf
+
+MAX_RECAPTURES = 8
+_UNGRAPHABLE = ("c10d_", "seeded[")  # externs a graph cannot replay: collectives, random ops
+
+
+def ungraphable(program: Any) -> Optional[str]:
+    """Why ``program`` cannot be replayed as a CUDA graph, or None."""
+    for name in getattr(program, "externs_by_op", {}):
+        text = str(name)
+        if any(tag in text for tag in _UNGRAPHABLE):
+            return f"it calls {text}"
+    return None
+
+
+class GraphedProgram:
+    """A Triton program (built with ``scalar_memory``) replayed as a CUDA graph; the same ``run`` interface."""
+
+    def __init__(self, program: Any, aliases: Dict[int, int], mutated: Set[int], const: Sequence[bool]) -> None:
+        self.program = program
+        self.aliases = aliases        # output index -> index of the input whose storage it updates in place
+        self.mutated = mutated        # output indices bound to storages that existed before the call
+        self.const = list(const)      # inputs that are the same tensor at every run (the graph reads them directly)
+        self.graph: Optional[torch.cuda.CUDAGraph] = None
+        self.static_in: List[torch.Tensor] = []
+        self.static_out: List[torch.Tensor] = []
+        self.seen: List[Any] = []
+        self.extern_values: Optional[tuple] = None
+        self.outstanding: List[Tuple[Any, Any]] = []   # (storage, data leaf over static memory)
+        self.static_ids: Set[int] = set()
+        self.ready_runs = 0
+        self.recaptures = 0
+        self.disabled = ungraphable(program)
+
+    def __getattr__(self, name: str) -> Any:  # the program's description (num_kernels, source, ...)
+        return getattr(self.__dict__["program"], name)
+
+    # ---- binding outputs (lazy/capture/replay.py) ----
+
+    def bind(self, st: Any, out: torch.Tensor) -> Any:
+        """The data leaf a storage the call updated takes for ``out``; remembered if ``out`` is static memory."""
+        leaf = data_leaf(out)
+        if id(out) in self.static_ids:
+            self.outstanding.append((st, leaf))
+        return leaf
+
+    def _overwritable(self) -> bool:
+        """Whether no leaf bound to static memory is referenced beyond its storage (Note [CUDA-graph replay])."""
+        keep = []
+        for pair in self.outstanding:
+            st, leaf = pair
+            # references: the pair, the loop variable, getrefcount's argument, and the storage's value if bound
+            extra = sys.getrefcount(leaf) - 3 - (st.value is leaf)
+            if extra > 0:
+                keep.append(pair)
+        self.outstanding = keep
+        return not keep
+
+    # ---- running ----
+
+    def run(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any]) -> List[torch.Tensor]:
+        program = self.program
+        if self.disabled is not None or not program.ready():
+            return program.run(leaves, scalars)
+        self.ready_runs += 1
+        if self.ready_runs < 2:
+            return program.run(leaves, scalars)  # warm-up
+        if not self._overwritable():
+            metrics.bump("cuda_graph.unsafe_runs")
+            return program.run(leaves, scalars)
+        values = tuple(scalars[s] for s in program.extern_slots)
+        if self.graph is None or values != self.extern_values:
+            if self.graph is not None:
+                self.recaptures += 1
+                metrics.bump("cuda_graph.recaptures")
+                if self.recaptures > MAX_RECAPTURES:
+                    self._disable(f"the scalars of its extern calls changed more than {MAX_RECAPTURES} times")
+                    return program.run(leaves, scalars)
+            try:
+                self._capture(leaves, scalars)
+            except Exception as e:  # noqa: BLE001 -- a program the graph cannot hold runs plainly, said once
+                self._disable(f"capturing it failed ({type(e).__name__}: {str(e)[:300]})")
+                return program.run(leaves, scalars)
+            self.extern_values = values
+        self._copy_inputs(leaves)
+        program.load_scalars(scalars)
+        self.graph.replay()
+        metrics.bump("cuda_graph.replays")
+        metrics.bump("executed_graphs")
+        return self._outputs()
+
+    def _disable(self, reason: str) -> None:
+        self.disabled = reason
+        self.graph = None
+        metrics.bump("cuda_graph.disabled")
+        log(1, f"lazy: a program of {program_size(self.program)} runs without a CUDA graph: {reason}")
+
+    def _copy_inputs(self, leaves: Sequence[torch.Tensor]) -> None:
+        for k, t in enumerate(leaves):
+            if t is not self.seen[k]:
+                if t is not self.static_in[k]:
+                    self.static_in[k].copy_(t)
+                self.seen[k] = t
+
+    def _outputs(self) -> List[torch.Tensor]:
+        out = []
+        for i, o in enumerate(self.static_out):
+            k = self.aliases.get(i)
+            out.append(self.static_in[k] if k is not None else o if i in self.mutated else o.clone())
+        for k in self.aliases.values():
+            self.seen[k] = self.static_in[k]  # the storage is bound to its buffer: no copy at the next run
+        return out
+
+    def _capture(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any]) -> None:
+        program = self.program
+        device = program.device
+        if not self.static_in:
+            for k, t in enumerate(leaves):
+                if not self.const[k] and not non_overlapping_and_dense(tuple(t.shape), t.stride()):
+                    raise RuntimeError(f"input {k} is not dense (shape {tuple(t.shape)}, stride {t.stride()})")
+                self.static_in.append(t if self.const[k] else
+                                      torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device))
+            self.seen = [None] * len(leaves)
+        self._copy_inputs(leaves)
+        program.load_scalars(scalars)
+        stream = torch.cuda.current_stream(device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(stream)
+        with torch.cuda.stream(side):  # the warm-up torch.cuda.graph asks for: allocator, library workspaces
+            program.launch(self.static_in, scalars)
+        stream.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = program.launch(self.static_in, scalars)
+            for i, k in self.aliases.items():
+                self.static_in[k].copy_(outs[i])
+        self.graph, self.static_out = graph, outs
+        self.static_ids = {id(t) for t in self.static_in} | {id(o) for o in outs}
+        metrics.bump("cuda_graph.captures")
+
+
+def program_size(program: Any) -> str:
+    return f"{getattr(program, 'num_kernels', '?')} kernels and {getattr(program, 'num_externs', '?')} externs"
+
+
+def graphed(program: Any, plan: Any) -> Any:
+    """``program`` wrapped for CUDA-graph replay of a capture ``plan`` (lazy/capture/finalize.py), or ``program``
+    itself where it cannot be (not a Triton program on cuda)."""
+    if getattr(program, "backend", None) != "triton" or program.device.type != "cuda" or \
+            not getattr(program, "scalar_memory", False):
+        return program
+    storages = [e for kind, e in plan.inputs]
+    kinds = [kind for kind, _ in plan.inputs]
+    aliases: Dict[int, int] = {}
+    leaves = plan.lin.leaves
+    outputs = [plan.lin.order[p] for p in plan.lin.outputs]
+    for i, e in plan.mutated:
+        for k, (kind, src) in enumerate(zip(kinds, storages)):
+            if kind == "storage" and src is e and k not in aliases.values() and \
+                    _same_layout(leaves[k], outputs[i]):
+                aliases[i] = k
+                break
+    return GraphedProgram(program, aliases, {i for i, _ in plan.mutated}, [kind == "const" for kind in kinds])
+
+
+def _same_layout(data: torch.Tensor, out: Any) -> bool:
+    """Whether a graph output (node ``out``) can be written into the input buffer of ``data`` (same shape and
+    dtype; outputs are contiguous)."""
+    return tuple(data.shape) == tuple(out.shape) and data.dtype == out.dtype and data.is_contiguous()

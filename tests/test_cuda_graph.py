@@ -1,0 +1,145 @@
+"""CUDA-graph replay (lazy/runtime/cuda_graph.py): ``lazy.compile(mode="reduce-overhead")`` with the Triton backend.
+
+On the cpu backing device the same program (scalars read from device memory, Note [Scalars in device memory]) runs
+under Triton's interpreter without a graph; with LAZY_BACKING_DEVICE=cuda the replays are CUDA graphs, and the tests
+check they happen, that what they write in place is never read by anything else, and that results equal eager's.
+"""
+import pytest
+import torch
+
+import lazy
+from lazy.debug import metrics
+
+pytest.importorskip("triton")
+pytestmark = pytest.mark.usefixtures("triton_compiler")
+DEVICE = lazy.config.backing_device
+CUDA = torch.device(DEVICE).type == "cuda"
+cuda_only = pytest.mark.skipif(not CUDA, reason="CUDA graphs need a cuda backing device")
+
+
+def _train(device, steps, compiled, kind="mlp"):
+    from models import MLP, batch, loss_fn
+
+    torch.manual_seed(0)
+    model = MLP().to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
+
+    def step(x, y):
+        loss = loss_fn(kind, model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        return loss.detach()
+
+    if compiled:
+        step = lazy.compile(step, mode="reduce-overhead")
+    losses = []
+    for i in range(steps):
+        x, y = batch(kind, i, "cpu")
+        losses.append(step(x.to(device), y.to(device)))
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    moments = [s["exp_avg_sq"].cpu() for s in opt.state.values()]
+    return torch.stack([loss.cpu() for loss in losses]), state, moments
+
+
+def test_reduce_overhead_training_steps_equal_eager():
+    """AdamW and a cosine schedule (captured twice: before and after the optimizer state exists): bias corrections
+    and the learning rate change every step, so the kernels' scalars must be read at each run, not baked in."""
+    metrics.reset()
+    want_losses, want, want_m = _train(DEVICE, 8, compiled=False)
+    got_losses, got, got_m = _train("lazy", 8, compiled=True)
+    assert metrics.counter("capture.replays") == 6 and metrics.counter("compile_fallback") == 0
+    torch.testing.assert_close(got_losses, want_losses, rtol=1e-4, atol=1e-5)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=k)
+    for g, w in zip(got_m, want_m):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-7)
+    if CUDA:
+        assert metrics.counter("cuda_graph.captures") == 1
+        assert metrics.counter("cuda_graph.replays") >= 5 and metrics.counter("cuda_graph.recaptures") == 0
+
+
+def test_program_reads_its_scalars_from_memory():
+    from lazy.runtime.triton import Program
+
+    @lazy.compile(mode="reduce-overhead")
+    def f(x, a):
+        return (x * a + 1.5).sin()
+
+    x = torch.randn(64, device=DEVICE)
+    for a in (0.3, 0.7, 2.9, 1.3):  # a runtime scalar: one capture, replays with new values
+        torch.testing.assert_close(f(x.to("lazy"), a).cpu(), (x * a + 1.5).sin().cpu())
+    assert metrics.counter("capture.captures") == 1 and metrics.counter("capture.replays") == 3
+    programs = [p for p in _programs(f) if isinstance(getattr(p, "program", p), Program)]
+    assert programs and all(getattr(p, "program", p).scalar_memory for p in programs)
+    assert "tl.load(SF + " in getattr(programs[-1], "program", programs[-1]).source
+
+
+def _programs(fn):
+    from lazy.capture.function import state_of
+    return [e.program for e in state_of(fn).entries if e.program is not None]
+
+
+@cuda_only
+def test_ir_recorded_between_replays_keeps_the_values_it_read():
+    """A replay writes parameters in place into the graph's buffers: lazy IR recorded between two calls that still
+    reads the old values makes the next call run without the graph (Note [CUDA-graph replay])."""
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, device="lazy")
+    opt = torch.optim.SGD([w.requires_grad_()], lr=0.1)
+
+    @lazy.compile(mode="reduce-overhead")
+    def step(x):
+        loss = (x @ w).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+
+    x = torch.randn(8, 16, device="lazy")
+    for _ in range(4):
+        step(x)
+    assert metrics.counter("cuda_graph.replays") >= 1
+    before = w.detach().cpu()
+    snapshot = w.detach() * 1  # recorded, not run: it reads the leaf the last replay bound
+    unsafe = metrics.counter("cuda_graph.unsafe_runs")
+    step(x)
+    assert metrics.counter("cuda_graph.unsafe_runs") == unsafe + 1
+    torch.testing.assert_close(snapshot.cpu(), before)
+    assert not torch.equal(w.detach().cpu(), before)
+    replays = metrics.counter("cuda_graph.replays")
+    step(x)
+    step(x)
+    assert metrics.counter("cuda_graph.replays") > replays  # nothing holds the old values any more
+
+
+@cuda_only
+def test_returned_tensors_outlive_the_next_replay():
+    @lazy.compile(mode="reduce-overhead")
+    def f(x, a):
+        return x * a
+
+    x = torch.ones(4, device="lazy")
+    values = [0.3 + 1.1 * i for i in range(5)]  # runtime scalars (not guarded by value)
+    outs = [f(x, v) for v in values]
+    assert metrics.counter("cuda_graph.replays") >= 2
+    for v, o in zip(values, outs):
+        torch.testing.assert_close(o.cpu(), torch.full((4,), v))
+
+
+@cuda_only
+def test_random_ops_run_without_a_graph():
+    from lazy.runtime.cuda_graph import GraphedProgram
+
+    @lazy.compile(mode="reduce-overhead")
+    def f(x):
+        return torch.nn.functional.dropout(x, 0.5, training=True) + 1
+
+    x = torch.ones(1000, device="lazy")
+    draws = [f(x).cpu() for _ in range(4)]
+    assert not torch.equal(draws[-1], draws[-2])
+    assert all(((d == 1) | (d == 3)).all() for d in draws)
+    programs = [p for p in _programs(f) if isinstance(p, GraphedProgram)]
+    assert programs and all(p.disabled for p in programs) and metrics.counter("cuda_graph.replays") == 0
