@@ -137,10 +137,18 @@ class GraphedProgram:
                 self.seen[k] = t
 
     def _outputs(self) -> List[torch.Tensor]:
-        out = []
+        out: List[Any] = []
+        created = []
         for i, o in enumerate(self.static_out):
             k = self.aliases.get(i)
-            out.append(self.static_in[k] if k is not None else o if i in self.mutated else o.clone())
+            out.append(self.static_in[k] if k is not None else o if i in self.mutated else None)
+            if out[-1] is None:
+                created.append(i)
+        if created:  # copied out of the graph's memory in one multi-tensor launch (a step's new .grad tensors)
+            fresh = [torch.empty_like(self.static_out[i]) for i in created]
+            torch._foreach_copy_(fresh, [self.static_out[i] for i in created])
+            for i, t in zip(created, fresh):
+                out[i] = t
         for k in self.aliases.values():
             self.seen[k] = self.static_in[k]  # the storage is bound to its buffer: no copy at the next run
         return out
