@@ -75,11 +75,13 @@ def describe(e: Exception) -> str:
     return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
-def time_training(kind: str, device: str, sync, args, wrap=None, wrap_step=None, compile_step=None) -> dict:
+def time_training(kind: str, device: str, sync, args, wrap=None, wrap_step=None, compile_step=None,
+                  run_clock=None) -> dict:
     """Run warmup + timed steps of ``kind`` on ``device``; ``sync()`` ends each step; ``compile_step`` wraps the
-    whole step function.
+    whole step function; ``run_clock()``, if given, is the time spent running programs so far (seconds).
 
-    Returns the first step's time, the median steady-state step time (both in ms) and the final loss.
+    Returns the first step's time, the median steady-state step time (both in ms) and the final loss; with
+    ``run_clock``, also the median and fastest step split into recording (the step less its program's run) and run.
     """
     torch.manual_seed(0)
     model = make_model(kind).to(device)
@@ -103,16 +105,18 @@ def time_training(kind: str, device: str, sync, args, wrap=None, wrap_step=None,
 
     step_fn = compile_step(train_step) if compile_step else train_step
     batches = [make_batch(kind, i, args.size) for i in range(8)]
-    times = []
+    times, runs = [], []
     for step in range(args.warmup + args.steps):
         x, y = batches[step % len(batches)]
         if step == args.warmup:
             finish()
             timed_start = time.perf_counter()
+        ran = run_clock() if run_clock else 0.0
         start = time.perf_counter()
         loss = step_fn(x, y)
         sync()
         times.append(time.perf_counter() - start)
+        runs.append((run_clock() - ran) if run_clock else 0.0)
         if step == 0:
             finish()
             times[0] = time.perf_counter() - start
@@ -120,8 +124,13 @@ def time_training(kind: str, device: str, sync, args, wrap=None, wrap_step=None,
     average = (time.perf_counter() - timed_start) / args.steps
     median = statistics.median(times[args.warmup:])
     # on cuda a step's call returns once its work is enqueued: its median is the host time per step
-    return {"first_ms": times[0] * 1e3, "ms": (average if args.device == "cuda" else median) * 1e3,
-            "min_ms": min(times[args.warmup:]) * 1e3, "host_ms": median * 1e3, "loss": float(loss.detach().cpu())}
+    result = {"first_ms": times[0] * 1e3, "ms": (average if args.device == "cuda" else median) * 1e3,
+              "min_ms": min(times[args.warmup:]) * 1e3, "host_ms": median * 1e3, "loss": float(loss.detach().cpu())}
+    if run_clock:
+        recording = [t - r for t, r in zip(times[args.warmup:], runs[args.warmup:])]
+        result.update(rec_ms=statistics.median(recording) * 1e3, rec_min_ms=min(recording) * 1e3,
+                      run_ms=statistics.median(runs[args.warmup:]) * 1e3, run_min_ms=min(runs[args.warmup:]) * 1e3)
+    return result
 
 
 def run_eager(kind: str, args) -> dict:
@@ -132,9 +141,13 @@ def run_lazy(kind: str, args, asynchronous: bool = True, capture: bool = False, 
     import lazy
 
     lazy.metrics.reset()
+    # A synchronous step splits into recording and its program's run (lazy.sync times the run on the calling
+    # thread): what an asynchronous step overlaps. Only on the cpu, where a run ends when its kernels do.
+    split = not asynchronous and not capture and args.device == "cpu"
     with lazy.config.override(async_execution=asynchronous, backing_device=args.device):
         compile_step = (lambda f: lazy.compile(f, mode=mode)) if capture else None
-        result = time_training(kind, "lazy", lazy.mark_step, args, compile_step=compile_step)
+        result = time_training(kind, "lazy", lazy.mark_step, args, compile_step=compile_step,
+                               run_clock=(lambda: lazy.metrics.counter("run_time_s")) if split else None)
         lazy.wait_device_ops()
     counters = lazy.metrics.counters()
     result["compiles"] = int(counters.get("compiles", 0))
@@ -220,6 +233,8 @@ def print_report(results: dict, args) -> None:
             print(f"{kind:8} " + " ".join(f"{fmt_ms(r.get(b), key):>9}" for b in args.backends) + " " +
                   " ".join(f"{fmt_ratio(r.get(a), r.get(b), key):>17}" for a, b in ratios))
         print()
+    if "lazy-sync" in args.backends:
+        print_split(results, args)
     print("first step (ms; includes tracing and compiling), compiles / cache hits, final loss:")
     errors = []
     for kind in args.models:
@@ -242,6 +257,47 @@ def print_report(results: dict, args) -> None:
         print(f"  error: {line}")
 
 
+def print_split(results: dict, args) -> None:
+    """The plain loop's step split into recording alone and its program's run alone (from the lazy-sync steps), and
+    the asynchronous step against the larger of the two: what overlapping them could reach at best."""
+    print("plain mark_step loop: recording alone and run alone (lazy-sync steps split), asynchronous step; median "
+          "(fastest), ms:")
+    header = f"{'model':8} {'record':>13} {'run':>13} {'async':>13} {'sync':>13} {'eager':>13} " \
+             f"{'async/max(rec,run)':>19} {'async/eager':>12}"
+    print(header)
+    print("-" * len(header))
+    for kind in args.models:
+        r = results[kind]
+        sync, lz, eager = r.get("lazy-sync"), r.get("lazy"), r.get("eager")
+        if not sync or "error" in sync or "rec_ms" not in sync:
+            continue
+
+        def cell(res, key="ms", fastest="min_ms"):
+            return f"{res[key]:.2f} ({res[fastest]:.2f})" if res and "error" not in res else "-"
+
+        bound = max(sync["rec_ms"], sync["run_ms"])
+        bound_min = max(sync["rec_min_ms"], sync["run_min_ms"])
+        ratio = f"{lz['ms'] / bound:.2f} ({lz['min_ms'] / bound_min:.2f})" if lz and "error" not in lz else "-"
+        to_eager = f"{lz['ms'] / eager['ms']:.2f}x" if lz and eager and "error" not in lz and "error" not in eager \
+            else "-"
+        print(f"{kind:8} {cell(sync, 'rec_ms', 'rec_min_ms'):>13} {cell(sync, 'run_ms', 'run_min_ms'):>13} "
+              f"{cell(lz):>13} {cell(sync):>13} {cell(eager):>13} {ratio:>19} {to_eager:>12}")
+    print()
+
+
+def merge_rounds(old: dict | None, new: dict) -> dict:
+    """Of interleaved rounds of one backend: the round with the lowest median, with the fastest step of all."""
+    if old is None or "error" in old:
+        return new
+    if "error" in new:
+        return old
+    best = dict(new if new["ms"] < old["ms"] else old)
+    for key in ("min_ms", "rec_min_ms", "run_min_ms"):
+        if key in old and key in new:
+            best[key] = min(old[key], new[key])
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS),
@@ -253,6 +309,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 warmup and 8 timed steps")
     parser.add_argument("--compile-optimizer", action="store_true", help="also torch.compile the AdamW step")
     parser.add_argument("--ltc-timeout", type=int, default=180, help="seconds before the LTC worker is abandoned")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every backend this many times, interleaved; report each one's best round")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda: eager's device and lazy's backing device")
     parser.add_argument("--worker", choices=["ltc"], help=argparse.SUPPRESS)
@@ -275,6 +333,7 @@ def main() -> None:
 
     print(machine.describe())
     load = os.getloadavg()[0]
+    print(f"load average {load:.2f} (1 min) on {os.cpu_count()} CPUs")
     if load > 0.5 * (os.cpu_count() or 1):
         print(f"NOTE: load average {load:.1f} on {os.cpu_count()} cores: other processes compete, timings are noisy "
               f"(--threads 1 is steadier)")
@@ -285,19 +344,20 @@ def main() -> None:
                "capture": lambda kind, args: run_lazy(kind, args, capture=True),
                "capture-ro": lambda kind, args: run_lazy(kind, args, capture=True, mode="reduce-overhead")}
     results = {kind: {} for kind in args.models}
-    for kind in args.models:
-        for backend in args.backends:
-            if backend == "ltc":
-                continue
-            t0 = time.perf_counter()
-            try:
-                results[kind][backend] = runners[backend](kind, args)
-            except Exception as e:  # noqa: BLE001 -- e.g. torch.compile without a working C++ compiler
-                traceback.print_exc(limit=2)
-                results[kind][backend] = {"error": describe(e)}
-            done = results[kind][backend]
-            print(f"  {kind} {backend}: {done['error'] if 'error' in done else fmt_ms(done) + ' ms/step'} "
-                  f"({time.perf_counter() - t0:.1f} s)", flush=True)
+    for _ in range(args.rounds):
+        for kind in args.models:
+            for backend in args.backends:
+                if backend == "ltc":
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    done = runners[backend](kind, args)
+                except Exception as e:  # noqa: BLE001 -- e.g. torch.compile without a working C++ compiler
+                    traceback.print_exc(limit=2)
+                    done = {"error": describe(e)}
+                results[kind][backend] = merge_rounds(results[kind].get(backend), done)
+                print(f"  {kind} {backend}: {done['error'] if 'error' in done else fmt_ms(done) + ' ms/step'} "
+                      f"({time.perf_counter() - t0:.1f} s)", flush=True)
     if "ltc" in args.backends:
         t0 = time.perf_counter()
         for kind, result in run_ltc(args).items():

@@ -37,6 +37,10 @@ KNOBS = (
          "1: a mark_step launches its graph on a worker thread and returns; only reading data (.cpu(), .item(), "
          "print, bool) waits, and lazy.wait_device_ops() waits for all. 0, the default: every sync runs its graph "
          "before returning (Note [Asynchronous execution] says why).", _bool),
+    Knob("async_threads", 0, "LAZY_ASYNC_THREADS",
+         "OpenMP/MKL threads of a program launched asynchronously while the calling thread records; 0, the default: "
+         "one fewer than the calling thread's torch.get_num_threads(), at least 1 (Note [Thread budget of the "
+         "worker]). A program the calling thread waits for runs with all of them.", int),
     Knob("capture_verify", False, "LAZY_CAPTURE_VERIFY",
          "lazy.compile: run every replay and a plain run of the same call, and raise on the first difference "
          "(outputs, tensors and Python state it writes).", _bool),

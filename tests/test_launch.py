@@ -1,10 +1,14 @@
 """Asynchronous execution (lazy/sync/launch.py): a mark_step launches and returns; reads wait for what they read;
 a launched graph's failure is raised at the next sync, its values stay failed, and nothing reads garbage."""
+import threading
+import time
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import lazy
+from lazy.cache import graph_cache
 from lazy.debug import metrics
 from lazy.sync import launch
 from lazy.sync.launch import StepFailed
@@ -121,6 +125,161 @@ def test_seeded_ops_run_on_the_calling_thread():
         lazy.mark_step()
     y.cpu()
     assert metrics.counter("async.launched") == 0
+
+
+def test_dropout_with_p_above_zero_stays_seeded_and_reproducible():
+    """Note [Random ops that draw nothing] spares only calls that draw nothing: p > 0 draws a seed at record time,
+    so the same torch.manual_seed gives the same mask, and the kept values are eager's x / (1 - p)."""
+    x = torch.randn(64, 64) + 3.0  # no zeros: a zero in the output is a dropped element
+    masks = []
+    for _ in range(2):
+        torch.manual_seed(7)
+        state = torch.random.get_rng_state()
+        y = F.dropout(x.to(L), 0.25, training=True)
+        assert not torch.equal(state, torch.random.get_rng_state())  # recording drew the seed
+        lazy.mark_step()
+        got = y.cpu()
+        kept = got != 0
+        torch.testing.assert_close(got[kept], (x / 0.75)[kept])
+        masks.append(kept)
+    assert torch.equal(masks[0], masks[1])
+    assert 0.6 < masks[0].float().mean().item() < 0.9
+    assert metrics.counter("async.launched") == 0
+
+
+@pytest.mark.parametrize("compiler", ["reference", "cpp"])
+def test_attention_without_dropout_launches_asynchronously_and_equals_eager(compiler):
+    """SDPA with dropout_p == 0 draws nothing (Note [Random ops that draw nothing]): recorded unseeded, its graph
+    launches on the worker, eager's generator is not advanced, and forward and backward equal eager's."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8) for _ in range(3))
+    want = F.scaled_dot_product_attention(*(t.requires_grad_() for t in (q, k, v)), is_causal=True)
+    want.sum().backward()
+    grads = [t.grad for t in (q, k, v)]
+    with lazy.config.override(compiler=compiler):
+        for _ in range(3):
+            lz = [t.detach().to(L).requires_grad_() for t in (q, k, v)]
+            state = torch.random.get_rng_state()
+            y = F.scaled_dot_product_attention(*lz, is_causal=True)
+            y.sum().backward()
+            assert torch.equal(state, torch.random.get_rng_state())  # no seed drawn
+            lazy.mark_step()
+            assert torch.equal(y.cpu(), want.detach())
+            for t, g in zip(lz, grads):
+                assert torch.equal(t.grad.cpu(), g)
+    assert metrics.counter("async.launched") >= 1
+
+
+def test_dropout_outside_training_is_recorded_unseeded():
+    x = torch.randn(8, 8)
+    y, mask = torch.ops.aten.native_dropout(x.to(L), 0.5, False)
+    lazy.mark_step()
+    assert metrics.counter("async.launched") == 0  # the first run of a program is synchronous
+    assert torch.equal(y.cpu(), x) and bool(mask.cpu().all())
+    program = graph_cache.latest()
+    assert launch.layout_known(program) is not None  # later runs of it launch: no seeded op in the graph
+
+
+def _spy_runs(program, before=None):
+    """Make ``program``'s runs note the thread count the running thread would give OpenMP, then run."""
+    run = program.run
+    seen = []
+    started = threading.Event()
+
+    def spy(leaves, scalars):
+        if before is not None:
+            before()
+        seen.append((threading.current_thread() is not threading.main_thread(), torch.get_num_threads()))
+        started.set()
+        return run(leaves, scalars)
+
+    program.run = spy  # NOTE: an instance attribute over the method; the caller deletes it
+    return seen, started
+
+
+@pytest.fixture
+def two_threads():
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(saved)
+
+
+def test_the_worker_runs_with_the_thread_budget_and_the_caller_keeps_its_threads(two_threads):
+    """Note [Thread budget of the worker]: beside the recorder the worker's OpenMP count is the budget (one fewer
+    than the caller's by default, async_threads otherwise); the calling thread's own count never changes."""
+    x = torch.randn(64).to(L)
+    with lazy.config.override(compiler="reference"):
+        y = x * 2
+        lazy.mark_step()  # the first run, synchronous
+        program = graph_cache.latest()
+        seen, started = _spy_runs(program)
+        try:
+            for budget in (0, 2, 1):
+                with lazy.config.override(async_threads=budget):
+                    y = x * 2
+                    lazy.mark_step()
+                # NOTE: the caller waits on the spy's event, not through lazy: a caller waiting through lazy
+                # would get the program all threads (the next test)
+                assert started.wait(60)
+                started.clear()
+                assert torch.get_num_threads() == 2
+                lazy.wait_device_ops()
+        finally:
+            del program.run
+    assert seen == [(True, 1), (True, 2), (True, 1)]
+    assert torch.get_num_threads() == 2
+    torch.testing.assert_close(y.cpu(), x.cpu() * 2)
+
+
+def test_the_budget_follows_the_callers_thread_count(two_threads):
+    x = torch.randn(64).to(L)
+    with lazy.config.override(compiler="reference"):
+        y = x + 1
+        lazy.mark_step()
+        program = graph_cache.latest()
+        seen, started = _spy_runs(program)
+        try:
+            torch.set_num_threads(1)
+            y = x + 1
+            lazy.mark_step()
+            assert started.wait(60)
+            lazy.wait_device_ops()
+        finally:
+            del program.run
+    assert seen == [(True, 1)]  # never fewer than one
+    assert torch.get_num_threads() == 1
+    torch.testing.assert_close(y.cpu(), x.cpu() + 1)
+
+
+def test_a_program_the_caller_waits_for_runs_with_all_threads(two_threads):
+    """The first launched run holds the worker until the calling thread waits; the second then starts with the
+    caller blocked, so it gets every thread of the caller's count."""
+    x = torch.randn(64).to(L)
+
+    runs = []
+
+    def hold_the_first_until_the_caller_waits():
+        runs.append(None)
+        deadline = time.monotonic() + 60
+        while len(runs) == 1 and not launch._S.waiting and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    with lazy.config.override(compiler="reference"):
+        y = x - 1
+        lazy.mark_step()
+        program = graph_cache.latest()
+        seen, _ = _spy_runs(program, before=hold_the_first_until_the_caller_waits)
+        try:
+            for _ in range(2):
+                y = x - 1
+                lazy.mark_step()
+            lazy.wait_device_ops()
+        finally:
+            del program.run
+    assert seen == [(True, 1), (True, 2)]
+    assert torch.get_num_threads() == 2
+    torch.testing.assert_close(y.cpu(), x.cpu() - 1)
 
 
 def test_a_placeholder_adopts_an_output_of_another_layout_by_copying():

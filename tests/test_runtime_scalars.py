@@ -221,9 +221,9 @@ def _default_generator():
 
 def eager(func, args, kwargs, seed):
     """The call on the backing device; a random op draws from a generator seeded with ``seed``, which is what its
-    lazy node means (design.md, randomness)."""
+    lazy node means (design.md, randomness); ``seed`` None: the call draws nothing."""
     args, kwargs = tree_map(_for_eager, (args, kwargs))
-    if describe(func).random:
+    if seed is not None:
         if describe(func).has_generator:
             kwargs = dict(kwargs, generator=_generator(seed))
         else:
@@ -242,9 +242,23 @@ def _results(out, args, kwargs):
     return [t for t in tree_flatten((out, args, kwargs))[0] if isinstance(t, torch.Tensor)]
 
 
-def recorded_seed(func):
-    """The seed a random op draws when recorded right after ``torch.manual_seed(SEED)`` (None if not random)."""
-    if not describe(func).random:
+def draws(func, args, kwargs):
+    """Whether recording the call draws a seed: a random op, unless it takes no generator and its arguments make it
+    draw nothing in eager (attention with dropout_p == 0, dropout with train=False: Note [Random ops that draw
+    nothing] in lazy/trace/schema.py)."""
+    d = describe(func)
+    if not d.random:
+        return False
+    if d.has_generator:
+        return True
+    named = {a.name: a.default_value for a in func._schema.arguments if a.has_default_value()}
+    named.update(_bind(func, args, kwargs))
+    return not (named.get("dropout_p") == 0 or named.get("train") is False)
+
+
+def recorded_seed(func, args, kwargs):
+    """The seed a call draws when recorded right after ``torch.manual_seed(SEED)``; None if it draws none."""
+    if not draws(func, args, kwargs):
         return None
     torch.manual_seed(SEED)
     return _draw_seed()
@@ -374,14 +388,14 @@ def test_reference_executor(calls):
 
 def _eager_accepts(func, args, kwargs):
     try:
-        eager(func, args, kwargs, recorded_seed(func))
+        eager(func, args, kwargs, recorded_seed(func, args, kwargs))
     except Exception:  # noqa: BLE001
         return False
     return True
 
 
 def _check_reference(func, args, kwargs, run, what):
-    seed = recorded_seed(func)
+    seed = recorded_seed(func, args, kwargs)
     try:
         want = eager(func, args, kwargs, seed)
     except Exception:  # noqa: BLE001 -- values eager rejects: lazy must raise too
@@ -391,6 +405,10 @@ def _check_reference(func, args, kwargs, run, what):
             [g.cpu() for g in got]
         return
     got = record(func, args, kwargs)
+    if seed is None:  # drawing nothing, recording left the generator as torch.manual_seed(SEED) did
+        drawn = torch.random.get_rng_state()
+        torch.manual_seed(SEED)
+        assert torch.equal(drawn, torch.random.get_rng_state()), f"{what}: recording drew from the generator"
     hits = lazy.metrics.counter("graph_cache.hit")
     with executed_calls() as seen:
         lazy.sync_tensors(got, "test")
@@ -441,7 +459,7 @@ def test_cpp_compiler_one_graph(calls, tmp_path):
 
 def _check_one_graph(calls, run, label):
     torch.manual_seed(SEED)
-    seeds = [_draw_seed() if describe(call[0]).random else None for call, _ in calls]
+    seeds = [_draw_seed() if draws(call[0], *ak) else None for call, ak in calls]
     torch.manual_seed(SEED)
     results = []
     for call, (args, kwargs) in calls:
@@ -463,8 +481,9 @@ def _check_one_graph(calls, run, label):
 
 
 def test_sdpa_scale_keyword_beside_dropout_seed():
-    """The reported case: SDPA's recorded CPU kernel takes ``dropout_p`` positionally and ``scale`` by keyword, and
-    is random (it draws a seed): each must reach its own parameter."""
+    """The reported case: SDPA's recorded CPU kernel takes ``dropout_p`` positionally and ``scale`` by keyword: each
+    must reach its own parameter (at dropout_p == 0 it is recorded without a seed, Note [Random ops that draw
+    nothing]; the seed's own slot is checked for every seeded op of op_db above)."""
     q = torch.randn(2, 4, 8, 16)
     ql = q.to("lazy").requires_grad_()
     y = torch.nn.functional.scaled_dot_product_attention(ql, ql, ql, dropout_p=0.0, is_causal=True, scale=0.25)

@@ -7,6 +7,7 @@ with the user's source line (``lazy.explain()`` lists them).
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Iterable, List, Sequence
 
 import torch
@@ -78,6 +79,7 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
                              [(st, st.value) for st in pending], where, device)
     else:
         launch.ready_all(lin.leaves)
+        start = time.perf_counter()
         try:
             outs = program.run(lin.leaves, lin.scalars)
         except Exception:
@@ -86,6 +88,7 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
             for st in pending:
                 st.failed = st.value
             raise
+        metrics.bump("run_time_s", time.perf_counter() - start)
         launch.remember_layout(program, outs, lin.order)
     for st, out in zip(pending, outs[len(roots):]):
         st.value = data_leaf(out)

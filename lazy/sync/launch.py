@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import atexit
 import collections
+import ctypes
+import glob
 import os
 import queue
 import sys
@@ -58,6 +60,59 @@ MAX_IN_FLIGHT = 2  # launched programs not yet finished before a launch waits: t
 _LAYOUTS: "Dict[int, tuple]" = {}  # id(program) -> (program, output strides or None) after a synchronous run
 
 
+# Note [Thread budget of the worker]
+# The worker's program and the recorder share the cores. OpenMP sizes a parallel region by the nthreads setting of
+# the thread that opens it (a per-thread ICV): the generated kernels' loops, ATen's parallel_for and oneDNN all
+# follow it, and MKL follows its own per-thread setting (mkl_set_num_threads_local). So the worker sets its own two
+# before each program, and nothing of the calling thread's changes: ``budget`` threads while the calling thread
+# records, all of the calling thread's (torch.get_num_threads() at the launch, so torch.set_num_threads is
+# followed) for a program the calling thread is already waiting for. The budget defaults to one fewer than that
+# count: on 2 cores the worker runs its kernels on one core and the recorder keeps the other, where a team of two
+# took the recorder's core away (a team's idle threads also spin, GOMP_SPINCOUNT, before they sleep); measured in
+# benchmarks/train_step.py (benchmarks/README.md). ``async_threads`` sets another budget. A runtime that is not
+# found (another OpenMP than the one torch loaded, no MKL) is left alone.
+# NOTE: MKL's C entry point takes the count by value; its lower-case name is the Fortran one (a pointer).
+_THREAD_CONTROL: Optional[tuple] = None  # (omp_set_num_threads or None, MKL_Set_Num_Threads_Local or None)
+
+
+def _thread_control() -> tuple:
+    """The setters of the per-thread counts in the OpenMP runtime and MKL that torch loaded (found in torch/lib)."""
+    global _THREAD_CONTROL
+    if _THREAD_CONTROL is None:
+        lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+        found = []
+        for patterns, name in ((("libgomp*.so*", "libiomp5*.so*", "libomp*.so*"), "omp_set_num_threads"),
+                               (("libtorch_cpu.so*", "libmkl_rt*.so*"), "MKL_Set_Num_Threads_Local")):
+            fn = None
+            for path in (p for pattern in patterns for p in sorted(glob.glob(os.path.join(lib, pattern)))):
+                try:
+                    fn = getattr(ctypes.CDLL(path), name)  # NOTE: the library torch loaded: dlopen returns it
+                    break
+                except (OSError, AttributeError):
+                    continue
+            if fn is not None:
+                fn.argtypes, fn.restype = [ctypes.c_int], None
+            found.append(fn)
+        _THREAD_CONTROL = tuple(found)
+    return _THREAD_CONTROL
+
+
+def thread_budget(threads: int) -> int:
+    """OpenMP/MKL threads of a program launched beside a recorder whose torch.get_num_threads() is ``threads``."""
+    budget = int(config.async_threads)
+    return max(1, min(budget, threads) if budget > 0 else threads - 1)
+
+
+def _set_threads(n: int) -> None:
+    """Size the OpenMP teams and MKL calls that the current thread (the worker) starts."""
+    omp, mkl = _thread_control()
+    torch.get_num_threads()  # NOTE: ATen's once-per-thread init (at::init_num_threads) first, so it cannot undo ours
+    if omp is not None:
+        omp(n)
+    if mkl is not None:
+        mkl(n)
+
+
 class StepFailed(RuntimeError):
     """An asynchronously launched graph raised; raised at the next sync or wait."""
 
@@ -65,14 +120,16 @@ class StepFailed(RuntimeError):
 class Execution:
     """One launched program: what it runs on, the placeholders it fills, and when it is done."""
 
-    __slots__ = ("program", "leaves", "scalars", "outputs", "synced", "where", "epoch", "seq", "stream", "done",
-                 "error")
+    __slots__ = ("program", "leaves", "scalars", "outputs", "synced", "where", "epoch", "seq", "stream", "threads",
+                 "done", "error")
 
     def __init__(self, program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any],
-                 outputs: List[torch.Tensor], synced: list, where: str, epoch: int, seq: int, stream: Any) -> None:
+                 outputs: List[torch.Tensor], synced: list, where: str, epoch: int, seq: int, stream: Any,
+                 threads: tuple) -> None:
         self.program, self.leaves, self.scalars = program, leaves, scalars
         self.outputs, self.synced, self.where = outputs, synced, where
         self.epoch, self.seq, self.stream = epoch, seq, stream
+        self.threads = threads  # (beside the recorder, while the calling thread waits): Note [Thread budget ...]
         self.done = threading.Event()
         self.error: Optional[BaseException] = None
 
@@ -88,6 +145,7 @@ class _State:
         self.epoch = 0  # bumped when the calling thread learns of a failure
         self.seq = 0  # launches so far
         self.worker: Optional[threading.Thread] = None
+        self.waiting = False  # the calling thread is blocked on an execution (Note [Thread budget of the worker])
         self.user_interval: Optional[float] = None  # sys.getswitchinterval() while programs are in flight
         self.pid = os.getpid()
 
@@ -136,8 +194,10 @@ def launch(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any],
         p.set_(p.untyped_storage(), 0, node.shape, stride)
         outputs.append(p)
     stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+    threads = torch.get_num_threads()
     _S.seq += 1
-    ex = Execution(program, leaves, scalars, outputs, synced, where, _S.epoch, _S.seq, stream)
+    ex = Execution(program, leaves, scalars, outputs, synced, where, _S.epoch, _S.seq, stream,
+                   (thread_budget(threads), threads))
     for p in outputs:
         _S.inflight[id(p)] = ex
     if not _S.running and _S.user_interval is None:
@@ -155,11 +215,17 @@ def launch(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any],
 
 def _work(q: "queue.SimpleQueue[Execution]") -> None:
     failed_epoch = -1
+    threads = 0  # what this thread's OpenMP and MKL counts were last set to
     while True:
         ex = q.get()
         if ex.epoch <= failed_epoch:
             ex.error = StepFailed("an earlier asynchronously launched graph failed, and this one may read its outputs")
         else:
+            want = ex.threads[1] if _S.waiting else ex.threads[0]
+            if want != threads:
+                _set_threads(want)
+                threads = want
+            start = time.perf_counter()
             try:
                 if ex.stream is not None:
                     with torch.cuda.stream(ex.stream):
@@ -169,6 +235,7 @@ def _work(q: "queue.SimpleQueue[Execution]") -> None:
                 for p, out in zip(ex.outputs, outs):
                     _adopt(p, out)
                 ex.synced = None  # the IR it replaced is needed only to recover from a failure
+                metrics.bump("async.run_time_s", time.perf_counter() - start)
             except BaseException as e:  # noqa: BLE001 -- raised on the calling thread by retire()
                 ex.error = e
                 failed_epoch = ex.epoch
@@ -224,7 +291,11 @@ def check_leaves(tensors: Sequence[torch.Tensor]) -> None:
 def _wait(ex: Execution) -> None:
     if not ex.done.is_set():
         start = time.perf_counter()
-        ex.done.wait()
+        _S.waiting = True
+        try:
+            ex.done.wait()
+        finally:
+            _S.waiting = False
         metrics.bump("async.wait_time_s", time.perf_counter() - start)
         metrics.bump("async.waits")
     retire()  # FIFO: everything launched before ``ex`` is done too

@@ -20,8 +20,8 @@ from ..debug.log import log
 from ..device.backing import backing_device
 from ..device.tensor import LAZY_DEVICE, LazyTensor, Storage, adopt, new_tensor, wrap
 from ..ir.layout import contiguous_stride, non_overlapping_and_dense, storage_numel
-from ..ir.node import DEVICE, GENERATOR, GETITEM, SCALAR_MARKERS, TENSOR, Node, data_leaf, getitem
-from ..ir.ops import SEED_KWARG, functionalized, seeded
+from ..ir.node import DEVICE, GENERATOR, GETITEM, SCALAR_MARKERS, TENSOR, Node, Op, data_leaf, getitem
+from ..ir.ops import SEED_KWARG, SEEDED_OPS, functionalized, seeded
 from . import views
 from .meta import MEMO, Out, Unrecordable, infer
 from .schema import RUNTIME_MEMO_VALUE, STATIC, OpDesc, describe
@@ -192,6 +192,28 @@ def _with_seed(desc: OpDesc, kwargs: dict) -> dict:
     return kwargs
 
 
+def draws(desc: OpDesc, args: tuple, kwargs: dict) -> bool:
+    """Whether a call of a random op without a generator draws randomness (Note [Random ops that draw nothing])."""
+    if desc.draws_unless is None:
+        return True
+    i, name, default, value = desc.draws_unless
+    given = args[i] if i < len(args) else kwargs.get(name, default)
+    return given != value
+
+
+_UNSEEDED: Dict[Any, Op] = {}
+
+
+def unseeded(op: Any) -> Op:
+    """A call of a random op that draws nothing (Note [Random ops that draw nothing]) as an internal op: like its
+    seeded form, one ATen call in a compiled program, never decomposed (the attention kernel's decomposition is not
+    the fused kernel eager runs), but without a seed, so nothing ties it to the calling thread."""
+    fn = _UNSEEDED.get(op)
+    if fn is None:
+        fn = _UNSEEDED[op] = Op(f"unseeded[{op}]", op, op)
+    return fn
+
+
 def _draw_seed(gen: Optional[torch.Generator]) -> int:
     # NOTE: one draw from the user's (or the default cpu) generator per random op: torch.manual_seed(s) makes lazy
     # randomness reproducible, and the seed is a runtime scalar, so new randomness does not recompile.
@@ -211,11 +233,11 @@ def record_functional(func: Any, args: tuple, kwargs: dict) -> Any:
         if desc.has_generator:
             kwargs = _with_seed(desc, kwargs)
         else:
-            op = seeded(func)
+            op = seeded(func) if draws(desc, args, kwargs) else unseeded(func)
     targs, tkw, ins, scs, memo = flatten(desc, args, kwargs)
     # NOTE: the OpDesc, not the OpOverload, keys the memo: it hashes by identity in C (OpOverload.__hash__ is Python)
     out = infer((desc, targs, tkw, tuple(memo)), func, args, kwargs)
-    if op is not func:  # Note [The seed of a seeded op]: the last keyword, so the last runtime scalar
+    if op in SEEDED_OPS:  # Note [The seed of a seeded op]: the last keyword, so the last runtime scalar
         scs.append(_draw_seed(None))
         tkw = tkw + ((SEED_KWARG, SCALAR_MARKERS[int]),)
     if type(out) is Out:  # the common case, without the generic output plumbing

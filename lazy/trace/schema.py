@@ -33,12 +33,24 @@ UNDECLARED_VIEWS = frozenset((aten._unsafe_view.default,))
 UNDECLARED_MUTATIONS = {aten.native_batch_norm.default: (3, 4), aten.native_batch_norm.out: (3, 4)}
 
 
+# Note [Random ops that draw nothing]
+# A random op without a generator argument is recorded as a seeded op (Note [The seed of a seeded op] in
+# lazy/ir/ops.py), which must run on the calling thread (Note [Seeded ops run on the calling thread] in
+# lazy/sync/launch.py). But attention kernels with ``dropout_p == 0`` and dropout with ``train=False`` draw
+# nothing from any generator: eager's results do not depend on it and eager's generator does not advance. Such a
+# call is recorded as the plain op, so a graph holding attention without dropout (every call of
+# F.scaled_dot_product_attention without dropout_p, and any in eval mode) launches asynchronously, and recording it
+# draws no seed, as eager draws none. The argument that decides, by name, with its drawing-nothing value. (A
+# native_dropout with p == 0 and train=True still draws in eager: bernoulli_(1.0).)
+NO_DRAW = {"dropout_p": 0.0, "train": False}
+
+
 class OpDesc:
     """The recorder's view of one overload."""
 
     __slots__ = ("op", "name", "kinds", "kw_kinds", "kind", "mutated", "out_names", "aliased_returns",
                  "functional", "num_returns", "random", "has_generator", "data_dependent", "dynamic_shape",
-                 "view_multi", "return_sources", "arg_names", "pad_args")
+                 "view_multi", "return_sources", "arg_names", "pad_args", "draws_unless")
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
@@ -75,6 +87,10 @@ class OpDesc:
         self.aliased_returns = tuple(r.alias_info is not None for r in schema.returns)
         tags = op.tags
         self.random = torch.Tag.nondeterministic_seeded in tags
+        # Note [Random ops that draw nothing]: (index, name, default, the value with which the op draws nothing)
+        self.draws_unless = next(((i, a.name, a.default_value if a.has_default_value() else None, NO_DRAW[a.name])
+                                  for i, a in enumerate(schema.arguments) if a.name in NO_DRAW), None) \
+            if self.random and not self.has_generator else None
         self.data_dependent = torch.Tag.data_dependent_output in tags
         self.dynamic_shape = torch.Tag.dynamic_output_shape in tags
         is_view = (not self.mutated and not self.out_names
