@@ -18,17 +18,22 @@ If a later run returns other strides, the worker copies into storage of the prom
 on the placeholder's strides never reads another layout.
 
 On the cpu the worker's kernels (ctypes calls, ATen externs) release the GIL, so they run beside the recorder;
-on cuda the worker enqueues on the stream that was current at the launch. There, a program's host work is Python
-launching kernels, which holds the GIL as the recorder does: measured on an H100 (the 6x384 GPT step at batch 8),
-recording took 58 ms per step beside the worker against 26 ms alone. On a 2-core cpu the worker's OpenMP team
-competes with the calling thread's (idle OpenMP threads spin before they sleep): a softmax step at 4096x1024
-that waits for its run took 14.6 ms launched against 3.3 ms run in place, and training steps gained nothing
-(benchmarks/README.md). So execution is synchronous unless ``async_execution`` is set, until launches leave
-Python and the worker's threads are budgeted. An execution that raises poisons those
-launched before the calling thread learns of it (they may read its outputs); the error is raised at the next
-sync or wait, naming the launching line, and the synced storages get their IR back and are marked failed, as
-after a synchronous failure: reading them raises again, and any graph that would read a poisoned placeholder
-raises instead of running.
+on cuda the worker enqueues on the stream that was current at the launch. But between its kernels the worker runs
+Python (the program's loop, extern calls), and each time it takes the GIL back while the recorder runs Python the
+two hand it over (Note [The GIL between recorder and worker]): a program of k kernels and externs costs the
+recorder about k handovers, each a wait until the other thread is scheduled, long on a loaded machine. On cuda,
+where a program's host work is Python launching kernels, recording the 6x384 GPT step at batch 8 took 58 ms per
+step beside the worker against 26 ms alone (an H100). On the 2-core cpu (benchmarks/train_step.py, which splits a
+synchronous step into recording alone and run alone; benchmarks/README.md), the fastest launched steps overlap
+(the CNN's 2.7 ms against 4.8 ms in place at 1 thread), but the median steps of the MLP (16 kernels and externs
+in 0.28 ms) and of the encoder (37 in 1.0 ms) were slower than in place at 1 and 2 threads: recording the
+encoder step took 5-12 ms beside the worker against 3.3 ms alone. So execution is synchronous unless
+``async_execution`` is set.
+
+An execution that raises poisons those launched before the calling thread learns of it (they may read its
+outputs); the error is raised at the next sync or wait, naming the launching line, and the synced storages get
+their IR back and are marked failed, as after a synchronous failure: reading them raises again, and any graph that
+would read a poisoned placeholder raises instead of running.
 """
 from __future__ import annotations
 
@@ -63,14 +68,17 @@ _LAYOUTS: "Dict[int, tuple]" = {}  # id(program) -> (program, output strides or 
 # Note [Thread budget of the worker]
 # The worker's program and the recorder share the cores. OpenMP sizes a parallel region by the nthreads setting of
 # the thread that opens it (a per-thread ICV): the generated kernels' loops, ATen's parallel_for and oneDNN all
-# follow it, and MKL follows its own per-thread setting (mkl_set_num_threads_local). So the worker sets its own two
-# before each program, and nothing of the calling thread's changes: ``budget`` threads while the calling thread
-# records, all of the calling thread's (torch.get_num_threads() at the launch, so torch.set_num_threads is
-# followed) for a program the calling thread is already waiting for. The budget defaults to one fewer than that
-# count: on 2 cores the worker runs its kernels on one core and the recorder keeps the other, where a team of two
-# took the recorder's core away (a team's idle threads also spin, GOMP_SPINCOUNT, before they sleep); measured in
-# benchmarks/train_step.py (benchmarks/README.md). ``async_threads`` sets another budget. A runtime that is not
-# found (another OpenMP than the one torch loaded, no MKL) is left alone.
+# follow it, and MKL follows its own per-thread setting (MKL_Set_Num_Threads_Local). So the worker sets its own two
+# before each program, and nothing of the calling thread's changes: ``thread_budget`` threads while the calling
+# thread records, all of the calling thread's (torch.get_num_threads() at the launch, so torch.set_num_threads is
+# followed) for a program the calling thread is already waiting for. The budget is one fewer than that count: on
+# 2 cores the worker's kernels take one and the recorder keeps the other. Measured with train_step.py's models at
+# 2 threads on the 2-core cpu (median step, ms, budget 1 / budget 2 / in place): cnn 6.7 / 16.0 / 16.1, encoder
+# 4.7 / 4.7 / 4.7, gpt 5.4 / 5.6 / 5.2, mlp 1.9 / 1.9 / 1.5: a team of two on the worker takes the recorder's core
+# (and its idle threads spin, GOMP_SPINCOUNT, before they sleep). Not spinning at all (OMP_WAIT_POLICY=PASSIVE,
+# fixed when the OpenMP runtime loads, so not ours to set) was slower: encoder 7.7 and gpt 8.9 ms launched, each
+# region waking its team. The calling thread waits on an Event (a futex), never spinning against the worker.
+# ``async_threads`` sets another budget. A runtime not found in torch/lib is left alone.
 # NOTE: MKL's C entry point takes the count by value; its lower-case name is the Fortran one (a pointer).
 _THREAD_CONTROL: Optional[tuple] = None  # (omp_set_num_threads or None, MKL_Set_Num_Threads_Local or None)
 
@@ -170,7 +178,8 @@ def remember_layout(program: Any, outs: Sequence[torch.Tensor], order: Sequence[
     a seeded op. Note [Seeded ops run on the calling thread]: a seeded op (lazy/ir/ops.py) seeds the default
     generator of the backing device for its run and restores it; on the worker that would race with the recorder
     and the user's own code drawing from the same generator (their draws would be lost or repeated), so such a
-    graph runs where the recorder runs."""
+    graph runs where the recorder runs. Attention without dropout and dropout outside training draw nothing and
+    are recorded unseeded (Note [Random ops that draw nothing] in lazy/trace/schema.py): their graphs launch."""
     if id(program) not in _LAYOUTS:
         seeded = any(n.op in SEEDED_OPS for n in order)
         _LAYOUTS[id(program)] = (program, None if seeded else tuple(tuple(o.stride()) for o in outs))
