@@ -181,16 +181,17 @@ def test_dropout_outside_training_is_recorded_unseeded():
 
 
 def _spy_runs(program, before=None):
-    """Make ``program``'s runs note the thread count the running thread would give OpenMP, then run."""
+    """Make ``program``'s runs note the thread count the running thread would give OpenMP, set ``started``, call
+    ``before`` and run."""
     run = program.run
     seen = []
     started = threading.Event()
 
     def spy(leaves, scalars):
-        if before is not None:
-            before()
         seen.append((threading.current_thread() is not threading.main_thread(), torch.get_num_threads()))
         started.set()
+        if before is not None:
+            before()
         return run(leaves, scalars)
 
     program.run = spy  # NOTE: an instance attribute over the method; the caller deletes it
@@ -253,8 +254,8 @@ def test_the_budget_follows_the_callers_thread_count(two_threads):
 
 
 def test_a_program_the_caller_waits_for_runs_with_all_threads(two_threads):
-    """The first launched run holds the worker until the calling thread waits; the second then starts with the
-    caller blocked, so it gets every thread of the caller's count."""
+    """The first launched run starts while the caller records and holds the worker until the caller waits; the
+    second then starts with the caller blocked, so it gets every thread of the caller's count."""
     x = torch.randn(64).to(L)
 
     runs = []
@@ -269,11 +270,13 @@ def test_a_program_the_caller_waits_for_runs_with_all_threads(two_threads):
         y = x - 1
         lazy.mark_step()
         program = graph_cache.latest()
-        seen, _ = _spy_runs(program, before=hold_the_first_until_the_caller_waits)
+        seen, started = _spy_runs(program, before=hold_the_first_until_the_caller_waits)
         try:
-            for _ in range(2):
-                y = x - 1
-                lazy.mark_step()
+            y = x - 1
+            lazy.mark_step()
+            assert started.wait(60)  # the first has chosen its threads with the caller recording
+            y = x - 1
+            lazy.mark_step()
             lazy.wait_device_ops()
         finally:
             del program.run
