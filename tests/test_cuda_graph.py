@@ -143,3 +143,17 @@ def test_random_ops_run_without_a_graph():
     assert all(((d == 1) | (d == 3)).all() for d in draws)
     programs = [p for p in _programs(f) if isinstance(p, GraphedProgram)]
     assert programs and all(p.disabled for p in programs) and metrics.counter("cuda_graph.replays") == 0
+
+
+def test_which_programs_a_graph_can_replay():
+    """Random ops and collectives keep a program off CUDA graphs; attention that draws nothing does not."""
+    from types import SimpleNamespace
+
+    from lazy.runtime.cuda_graph import ungraphable
+
+    def program(*names):
+        return SimpleNamespace(externs_by_op={n: 1 for n in names})
+
+    assert ungraphable(program("aten.mm.default", "unseeded[aten._scaled_dot_product_efficient_attention]")) is None
+    assert "seeded[aten.native_dropout" in ungraphable(program("aten.mm.default", "seeded[aten.native_dropout]"))
+    assert "c10d_all_reduce" in ungraphable(program("lazy.c10d_all_reduce"))

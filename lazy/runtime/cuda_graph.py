@@ -35,14 +35,16 @@ from ..ir.layout import non_overlapping_and_dense
 from ..ir.node import data_leaf
 
 MAX_RECAPTURES = 8
-_UNGRAPHABLE = ("c10d_", "seeded[")  # externs a graph cannot replay: collectives, random ops
+_UNGRAPHABLE = ("c10d_", "seeded[")  # externs a graph cannot replay: collectives, random ops (not "unseeded[")
 
 
 def ungraphable(program: Any) -> Optional[str]:
     """Why ``program`` cannot be replayed as a CUDA graph, or None."""
     for name in getattr(program, "externs_by_op", {}):
         text = str(name)
-        if any(tag in text for tag in _UNGRAPHABLE):
+        if text.startswith("lazy."):
+            text = text[len("lazy."):]
+        if text.startswith(_UNGRAPHABLE):
             return f"it calls {text}"
     return None
 
