@@ -320,3 +320,27 @@ def test_compile_workers_never_run_the_users_script(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "True"
     assert marker.read_text().count("run") == 1
+
+
+def test_repeated_layers_share_one_function_per_distinct_kernel():
+    """Note [One function per distinct kernel]: kernels that differ only in buffers and scalar slots (a model's
+    repeated layers) are one function of the module, launched once per layer, with or without scalars in memory."""
+    g = torch.Generator().manual_seed(7)
+    x, ws = torch.randn(8, 16, generator=g), [torch.randn(16, 16, generator=g) for _ in range(3)]
+
+    def layers(x, *ws):
+        for i, w in enumerate(ws):
+            x = (x @ w).relu() * (1.1 + i) + 0.3 * i
+        return x
+
+    kernels, program = run(layers, x, *ws, rtol=1e-5, atol=1e-5)
+    assert kernels == 3 and len({launch.name for launch in program.launches}) == 1
+    assert len(re.findall(r"^@_kernel", program.source, re.M)) == 1
+
+    want = layers(*[t.to(DEVICE) for t in (x, *ws)]).cpu()
+    f = lazy.compile(layers, mode="reduce-overhead")
+    for _ in range(3):  # captured, then replayed: each layer reads its own scalars from its region
+        torch.testing.assert_close(f(*[t.to("lazy") for t in (x, *ws)]).cpu(), want, rtol=1e-5, atol=1e-5)
+    from lazy.capture.function import state_of
+    memory = getattr(state_of(f).entries[0].program, "program", state_of(f).entries[0].program)
+    assert memory.scalar_memory and len({launch.name for launch in memory.launches}) == 1

@@ -21,6 +21,7 @@ type (float32 for float32 and half inputs: eager's CUDA kernels do the same), no
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -48,8 +49,8 @@ class Launch:
     """How the runtime launches one kernel: its function ``name``, the buffer ids and runtime scalar slots it
     takes (in argument order; ``floats[i]``: slot i is float64, else int64), the grid, and Triton's options.
     With ``memory``, the kernel reads its scalars from the program's scalar buffers instead (Note [Scalars in
-    device memory]): its arguments end with the float64 buffer if it reads a float slot, then the int64 one if it
-    reads an int slot."""
+    device memory]): its arguments end with its region of the float64 buffer if it reads a float slot (its float
+    slots in order), then its region of the int64 one if it reads an int slot."""
     name: str
     buffers: List[int]
     scalars: List[int]
@@ -270,12 +271,14 @@ def render_kernel(k: Kernel, memory: bool = False) -> Tuple[str, Launch]:
     scalars = _scalars(roots)
     debug = any(e.op == "index_checked" for r in roots for e in kir.walk(r))
     params = [f"b{b.id}" for b in bufs]
-    if memory:
+    if memory:  # offsets into the kernel's own regions of the scalar buffers, float slots and int slots apart
         kinds = set(scalars.values())
         params += [name for name, f in (("SF", True), ("SI", False)) if f in kinds]
         lines = [f"@_kernel([], {debug})", f"def {k.name}({', '.join(params)}):"]
+        at = {True: 0, False: 0}
         for s, f in scalars.items():
-            lines.append(f"    s{s} = tl.load({'SF' if f else 'SI'} + {s})")
+            lines.append(f"    s{s} = tl.load({'SF' if f else 'SI'} + {at[f]})")
+            at[f] += 1
     else:
         params += [f"s{s}: \"{'fp64' if f else 'i64'}\"" for s, f in scalars.items()]
         lines = [f"@_kernel({[f's{s}' for s in scalars]!r}, {debug})", f"def {k.name}({', '.join(params)}):"]
@@ -596,12 +599,44 @@ _IDENTITY = {"sum": lambda t: 0, "prod": lambda t: 1,
              "min": lambda t: float("inf") if t.is_floating_point else torch.iinfo(t).max}
 
 
+# Note [One function per distinct kernel]
+# A model's repeated layers schedule into kernels that differ only in their buffer ids and scalar slots (a GPT step
+# of 251 kernels has 72 distinct ones), and a Triton compile costs a second or more per function. So a kernel's
+# source is made canonical (buffers and scalars renamed b0, b1, ... and s0, s1, ... in order of first use; in device
+# memory, scalars are read at offsets into the kernel's own region of the scalar buffers), and the module defines
+# each distinct source once, under the name of the first kernel that has it: its launches share the function and
+# its compiles (Triton compiles a function once per signature, i.e. per buffer dtypes; its cache is keyed by source,
+# so a graph whose kernels another graph already compiled compiles nothing).
+_PARAM = re.compile(r"\b([bs])(\d+)\b")
+
+
+def _canonical(text: str, name: str) -> str:
+    """``text`` with its buffers and scalars renumbered by first use and its name replaced by a placeholder."""
+    seen: Dict[str, str] = {}
+    counts = {"b": 0, "s": 0}
+
+    def rename(m: "re.Match[str]") -> str:
+        token = m.group(0)
+        if token not in seen:
+            seen[token] = f"{m.group(1)}{counts[m.group(1)]}"
+            counts[m.group(1)] += 1
+        return seen[token]
+
+    return _PARAM.sub(rename, text.replace(f"def {name}(", "def @NAME@(", 1))
+
+
 def render(sched: Schedule, memory: bool = False) -> Tuple[str, List[Launch]]:
-    """(module source, one Launch per kernel in schedule order); ``memory``: Note [Scalars in device memory]."""
+    """(module source, one Launch per kernel in schedule order); ``memory``: Note [Scalars in device memory]. Kernels
+    of the same canonical source share one function (Note [One function per distinct kernel])."""
     parts = [HEADER, HELPERS]
     launches = []
+    names: Dict[str, str] = {}
     for k in sched.kernels:
         text, launch = render_kernel(k, memory)
-        parts.append(text)
+        canon = _canonical(text, k.name)
+        if canon not in names:
+            names[canon] = k.name
+            parts.append(canon.replace("@NAME@", k.name))
+        launch.name = names[canon]
         launches.append(launch)
     return "\n\n".join(parts) + "\n", launches

@@ -85,7 +85,7 @@ class Program:
             self._bound = []
         elif build.record_matches(key, source) or not tiered or config.triton_workers <= 0:
             if not build.record_matches(key, source, count=False):
-                metrics.bump("triton.compiles", len(launches))
+                metrics.bump("triton.compiles", build.distinct_compiles(launches, dtypes))
             self._bind(build.compile_kernels(path, launches, dtypes), key, source)
         else:  # Note [Triton compiles]: the reference executor runs the graph until the pool is done
             self._fallback = ReferenceProgram(lin, device)
@@ -124,17 +124,29 @@ class Program:
 
     def _scalar_buffers(self, n: int) -> None:
         """Note [Scalars in device memory]: the device buffers (float64 slots, then int64 slots, in one
-        allocation) and the layout a run packs its scalars in."""
+        allocation), each kernel's regions of them (16-byte aligned: Note [One function per distinct kernel] in
+        codegen/triton.py), and the layout a run packs its scalars in."""
         self.extern_slots = tuple(sorted({s for step in self.steps if step[0] is _EXTERN for s in step[1][6]}))
-        self._scal = self._sf = self._si = None
+        self._scal = None
+        self._scalar_args: List[List[torch.Tensor]] = [[] for _ in self.launches]
         if not self.scalar_memory or n == 0:
             return
-        floats = {s: f for step in self.steps if step[0] is _KERNEL for s, f in zip(step[4], step[5])}
-        self._float_slots = [s if floats.get(s) is True else None for s in range(n)]
-        self._int_slots = [s if floats.get(s) is False else None for s in range(n)]
-        self._pack = struct.Struct(f"<{n}d{n}q")
-        self._scal = torch.zeros(2 * n, dtype=torch.int64, device=self.device)
-        self._sf, self._si = self._scal[:n].view(torch.float64), self._scal[n:]
+        layouts: dict = {True: [], False: []}
+        regions = []
+        for launch in self.launches:
+            at = {}
+            for f in (True, False):
+                slots = [s for s, is_float in zip(launch.scalars, launch.floats) if is_float is f]
+                at[f] = len(layouts[f])
+                layouts[f] += slots + [None] * (len(slots) % 2)
+            regions.append(at)
+        self._float_slots, self._int_slots = layouts[True], layouts[False]
+        nf, ni = len(self._float_slots), len(self._int_slots)
+        self._pack = struct.Struct(f"<{nf}d{ni}q")
+        self._scal = torch.zeros(max(nf + ni, 1), dtype=torch.int64, device=self.device)
+        sf, si = self._scal[:nf].view(torch.float64), self._scal[nf:]
+        self._scalar_args = [[buf[at[f]:] for buf, f in ((sf, True), (si, False)) if f in launch.floats]
+                             for launch, at in zip(self.launches, regions)]
 
     def load_scalars(self, scalars: Sequence[Any]) -> None:
         """Copy the runtime scalars to the device buffers (Note [Scalars in device memory]); stream-ordered."""
@@ -200,7 +212,7 @@ class Program:
                     if grid > 0:
                         args = [values[i] for i in bufs]
                         if self.scalar_memory:
-                            args += [b for b, want in ((self._sf, True), (self._si, False)) if want in floats]
+                            args += self._scalar_args[n]
                         else:
                             args += [float(scalars[s]) if f else int(scalars[s]) for s, f in zip(slots, floats)]
                         if self.interpret:

@@ -126,10 +126,28 @@ def compile_kernels(path: str, launches: Sequence[Any], dtypes: Dict[int, Any]) 
     """Compile (or load from Triton's cache) every kernel of the module at ``path``: the CompiledKernels."""
     mod = load_module(path, interpret=False)
     out = []
+    done: Dict[tuple, Any] = {}  # launches sharing a function and a signature share the compile
     for launch in launches:
-        fn = getattr(mod, launch.name)
-        out.append(fn.warmup(*warm_args(launch, dtypes), grid=(1,), **OPTIONS, num_warps=launch.num_warps))
+        args = warm_args(launch, dtypes)
+        key = _compile_key(launch, args)
+        if key not in done:
+            done[key] = getattr(mod, launch.name).warmup(*args, grid=(1,), **OPTIONS, num_warps=launch.num_warps)
+        out.append(done[key])
     return out
+
+
+def _distinct(launches: Sequence[Any], dtypes: Dict[int, Any]) -> List[Any]:
+    """One launch per distinct compile (Note [One function per distinct kernel] in codegen/triton.py)."""
+    return list({_compile_key(launch, warm_args(launch, dtypes)): launch for launch in launches}.values())
+
+
+def distinct_compiles(launches: Sequence[Any], dtypes: Dict[int, Any]) -> int:
+    return len(_distinct(launches, dtypes))
+
+
+def _compile_key(launch: Any, args: List[Any]) -> tuple:
+    """What a Triton compile of a launch depends on: its function, argument types and options."""
+    return (launch.name, tuple(str(a) for a in args), launch.num_warps)
 
 
 def _worker(path: str, launches: Sequence[Any], dtypes: Dict[int, Any], cache: str) -> float:
@@ -162,8 +180,9 @@ def submit(path: str, launches: Sequence[Any], dtypes: Dict[int, Any]) -> Compil
         _POOL = concurrent.futures.ProcessPoolExecutor(max_workers=workers,
                                                        mp_context=multiprocessing.get_context("spawn"))
         atexit.register(_shutdown)
-    metrics.bump("triton.compiles", len(launches))
-    shares = [list(launches[i::workers]) for i in range(min(workers, len(launches)))]
+    distinct = _distinct(launches, dtypes)
+    metrics.bump("triton.compiles", len(distinct))
+    shares = [list(distinct[i::workers]) for i in range(min(workers, len(distinct)))]
     with _main_hidden():  # a submit may start workers
         return Compiles([_POOL.submit(_worker, path, share, dict(dtypes), os.environ["TRITON_CACHE_DIR"])
                          for share in shares])
