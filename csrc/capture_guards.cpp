@@ -44,6 +44,7 @@ enum Op : int {
   kCallTrue,    // a(r[src], b) is True
   kLazyTensor,  // r[src] is a lazy tensor whose signature (policy.tensor_signature) equals b
   kState,       // replay.global_state() == b: grad and inference mode from c10, b[2:] == tuple(f() for f in a)
+  kItemReg,     // r[dst] = r[src][r[n]] (a key the program loaded: optimizer.state[param])
   kNumOps,
 };
 
@@ -149,6 +150,18 @@ int step(const Ins& ins, PyObject** r, PyObject* A, PyTypeObject* lazy_type) {
       }
       r[ins.dst] = PyObject_GetItem(x, ins.a);
       return r[ins.dst] != nullptr ? 1 : -1;
+    case kItemReg: {
+      PyObject* key = r[ins.n];
+      if (key == nullptr) return 0;
+      if (PyDict_CheckExact(x)) {
+        PyObject* v = PyDict_GetItemWithError(x, key);
+        if (v == nullptr) return -1;
+        r[ins.dst] = Py_NewRef(v);
+        return 1;
+      }
+      r[ins.dst] = PyObject_GetItem(x, key);
+      return r[ins.dst] != nullptr ? 1 : -1;
+    }
     case kIs:
       return x == ins.a;
     case kTypeIs:
@@ -300,7 +313,9 @@ PyObject* guard_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyObject *a = nullptr, *b = nullptr;
     if (!PyTuple_Check(t) || !PyArg_ParseTuple(t, "iiiLOO", &ins.op, &ins.dst, &ins.src, &ins.n, &a, &b) ||
         ins.op < 0 || ins.op >= kNumOps || ins.dst >= nregs || ins.src >= nregs ||
-        ((ins.op == kArg || ins.op == kConst || ins.op == kAttr || ins.op == kItem) && ins.dst < 0) ||
+        ((ins.op == kArg || ins.op == kConst || ins.op == kAttr || ins.op == kItem || ins.op == kItemReg) &&
+         ins.dst < 0) ||
+        (ins.op == kItemReg && (ins.n < 0 || ins.n >= nregs)) ||
         (ins.op != kArg && ins.op != kConst && ins.op != kCallEq && ins.op != kState && ins.src < 0) ||
         (ins.op == kState && (!PyTuple_Check(a) || !PyTuple_Check(b) ||
                               PyTuple_GET_SIZE(b) != PyTuple_GET_SIZE(a) + 2))) {

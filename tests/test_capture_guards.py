@@ -64,6 +64,9 @@ CASES = [
     ("item chain", [("eq", X.item(X.item(A0, "lr"), 0), 0.1)],
      [({"lr": [0.1]},)], [({"lr": [0.2]},), ({"lr": []},), ({},), (None,)]),
     ("held object", [("eq", X.item(X.pinned({"k": 5}), "k"), 5)], [(None,)], []),
+    ("item at a loaded key", [("type", X.item(X.arg(1), X.item(A0, 0)), dict)],  # optimizer.state[param]
+     [([HELD], {HELD: {}}), ([3], {3: {}, 4: 1})], [([HELD], {HELD: 1}), ([Obj()], {HELD: {}}), ([4], {3: {}, 4: 1}),
+                                                     ([], {HELD: {}})]),
     ("property that raises", [("truth", X.attr(A0, "boom"), True)], [], [(Raises(),)]),
     ("second argument", [("type", X.arg(1), float)], [(0, 1.5)], [(0, 1), (0,)]),
     ("arithmetic (residual)", [("type", A0, int), ("eq", X.binary("+", A0, 1), 3)], [(2,)], [(3,), (2.0,)]),

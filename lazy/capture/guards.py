@@ -1,7 +1,8 @@
 """An entry's guards as a C program (csrc/capture_guards.cpp, Note [Guard programs]).
 
 ``compile_guards(state, guards)`` translates the global-state guard and every guard whose expression is a chain of
-loads (an argument, an object the capture holds, attributes, items at constant keys) into one ``GuardProgram``; the
+loads (an argument, an object the capture holds, attributes, items at constant keys or at keys that are themselves
+chains of loads) into one ``GuardProgram``; the
 guards it cannot express (expressions with arithmetic or calls) come back as the residual, which the entry checks
 with its Python renderer after the program holds. Both answer exactly what the Python check answers (the tests hold
 them to it, guard kind by guard kind).
@@ -19,7 +20,7 @@ from .expr import E
 
 # The instruction set, in the order of csrc/capture_guards.cpp's enum Op.
 OPS = ("arg", "const", "attr", "item", "is", "type_is", "eq", "truth", "is_none", "len", "absent", "has_attr",
-       "call_eq", "call_true", "lazy_tensor", "state")
+       "call_eq", "call_true", "lazy_tensor", "state", "item_reg")
 OP = {name: i for i, name in enumerate(OPS)}
 
 Guard = Tuple[str, E, Any]
@@ -41,9 +42,13 @@ class _Builder:
         if r is not None:
             return r
         op, args = e.op, e.args
-        if op == "attr" or op == "item":
-            if op == "item" and type(args[1]) is E:
+        if op == "item" and type(args[1]) is E:  # a key that is itself loaded: optimizer.state[param]
+            src, key = self.load(args[0]), self.load(args[1])
+            if src is None or key is None:
                 return None
+            r = len(self.regs)
+            self.emit("item_reg", r, src, n=key)
+        elif op == "attr" or op == "item":
             src = self.load(args[0])
             if src is None:
                 return None
