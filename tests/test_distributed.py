@@ -71,10 +71,11 @@ def test_collectives_chain_in_recorded_order(one_rank):
     first, second = a._lz_st.value, b._lz_st.value
     assert second.inputs[1] is first  # Note [Collectives run in recorded order]
     lazy.mark_step()
-    last = collectives._LAST[0]._lz_st.value  # the broadcast's result, computed (it may still be in flight)
+    lazy.wait_device_ops()
+    assert collectives._LAST[0]._lz_st.value.is_data  # the broadcast's result, computed
     c = torch.ones(2, device=L)
     dist.all_reduce(c)
-    assert last.is_data and c._lz_st.value.inputs[1] is last
+    assert len(c._lz_st.value.inputs) == 1  # once run, nothing is left to order against
     lazy.mark_step()
 
 
@@ -133,6 +134,40 @@ def test_all_reduce_gradients_is_one_coalesced_node(one_rank):
     for p, w in zip(model.parameters(), want):
         torch.testing.assert_close(p.grad.cpu(), w)
     assert isinstance(model[0].weight.grad, LazyTensor)
+
+
+@pytest.mark.parametrize("as_view", [False, True])
+def test_ddp_buckets_are_all_reduced_without_copies(one_rank, as_view):
+    """DDP's Reducer on lazy tensors: its bucket views are slices, not the layout-aware as_strided ops that copy the
+    whole bucket per view, and each bucket is all-reduced as one ALL_REDUCE_CONCAT of the gradients written into it
+    (Note [All-reduce of a buffer written in pieces]); the gradients are eager's."""
+    import copy
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from lazy.ir.ops import AS_STRIDED, AS_STRIDED_SCATTER
+    sys.path.insert(0, HERE)
+    from models import MLP
+    torch.manual_seed(0)
+    eager = MLP()
+    model = copy.deepcopy(eager).to(L)
+    # a small cap: the buckets rebuilt after the first backward are several (the first one is 1 MiB)
+    ddp = DDP(model, bucket_cap_mb=0.002, gradient_as_bucket_view=as_view)
+    lazy.mark_step()  # DDP's broadcast of the parameters
+    for step in range(2):
+        x = torch.randn(6, 20)
+        for p, q in zip(model.parameters(), eager.parameters()):
+            p.grad = q.grad = None
+        ddp(x.to(L)).square().mean().backward()
+        eager(x).square().mean().backward()
+        ops = [n.op for n in linearize([value(p.grad) for p in model.parameters()]).order]
+        assert not {AS_STRIDED, AS_STRIDED_SCATTER, torch.ops.aten.slice_scatter.default} & set(ops)
+        buckets = len(ddp.reducer._get_zeros_like_grad_buckets())
+        assert [op for op in ops if op in collectives.OPS] == [collectives.ALL_REDUCE_CONCAT] * buckets
+        assert buckets == (1 if step == 0 else 2)
+        for p, q in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad.cpu(), q.grad)
+        lazy.mark_step()
 
 
 def test_functional_coalesced_and_inplace_forms(one_rank):
