@@ -238,6 +238,21 @@ def test_two_ranks_train_like_one_process(tmp_path):
         torch.testing.assert_close(got, want[name], rtol=1e-4, atol=1e-5)
 
 
+@needs_ranks
+def test_captured_ddp_steps_equal_eager_ddp(tmp_path):
+    for rank, (code, out) in enumerate(launch("capture", tmp_path)):
+        assert code == 0, f"rank {rank}:\n{out}"
+        assert _passes(out) == {"captured ddp mlp adamw"}, out
+
+
+@pytest.mark.slow
+@needs_ranks
+def test_captured_ddp_gpt(tmp_path):
+    for rank, (code, out) in enumerate(launch("capture_more", tmp_path)):
+        assert code == 0, f"rank {rank}:\n{out}"
+        assert _passes(out) == {"captured ddp gpt adamw", "captured ddp mlp sgd"}, out
+
+
 @gloo_only
 def test_faults_end_in_clear_errors(tmp_path):
     results = launch("faults", tmp_path, timeout_s=5)
