@@ -170,6 +170,27 @@ def test_ddp_buckets_are_all_reduced_without_copies(one_rank, as_view):
         lazy.mark_step()
 
 
+def test_all_reduce_of_a_buffer_written_in_pieces(one_rank):
+    """Note [All-reduce of a buffer written in pieces]: blocks no write reached come from the value under the writes;
+    overlapping writes keep the plain all-reduce of the chain."""
+    def writes(x, blocks):
+        for k, (shape, offset) in enumerate(blocks):
+            x.as_strided(shape, (shape[1], 1) if len(shape) == 2 else (1,), offset).mul_(k + 2)
+        return x
+
+    blocks = [((3,), 0), ((2, 2), 5)]  # [0, 3) and [5, 9): [3, 5) and [9, 10) keep their values
+    flat = writes(torch.arange(10.0, device=L), blocks)
+    dist.all_reduce(flat)
+    node = flat._lz_st.value
+    assert node.op is collectives.ALL_REDUCE_CONCAT and dict(node.kwargs)["count"] == 4
+    torch.testing.assert_close(flat.cpu(), writes(torch.arange(10.0), blocks))
+    overlapping = [((4,), 0), ((2, 2), 2)]
+    flat = writes(torch.arange(10.0, device=L), overlapping)
+    dist.all_reduce(flat)
+    assert flat._lz_st.value.op is collectives.ALL_REDUCE
+    torch.testing.assert_close(flat.cpu(), writes(torch.arange(10.0), overlapping))
+
+
 def test_functional_coalesced_and_inplace_forms(one_rank):
     import torch.distributed._functional_collectives as funcol
     a, b = torch.arange(3.0, device=L), torch.ones(2, 2, device=L)

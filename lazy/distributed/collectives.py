@@ -110,6 +110,8 @@ def _all_reduce(x: torch.Tensor, *token: torch.Tensor, group: str, reduce: str) 
 def _all_reduce_dense(out: torch.Tensor, group: str, reduce: str) -> torch.Tensor:
     """``out`` (a new dense tensor) reduced over the group in place."""
     pg = resolve_group(group)
+    if pg.size() == 1:  # every reduction of one rank's tensor is that tensor; gloo would still hand it to a thread
+        return out
     opts = dist.AllreduceOptions()
     opts.reduceOp = _REDUCE_OPS[reduce]
     _wait(pg.allreduce([out], opts), f"all_reduce({reduce})", group)
