@@ -68,7 +68,13 @@ def call(p: Any, fn: Box, args: List[Box], kwargs: Dict[str, Box]) -> Box:
             return p.run_python(target, args, kwargs)
         return opaque(p, fn, args, kwargs)
     if kind is types.MethodType:
-        p.need(fn, "id")
+        if type(fn.m) is E:
+            # NOTE: a method read from state is bound anew at every read (``Function.apply``, a classmethod: DDP's
+            # _DDPSink): an identity guard on it would fail at every call, so it guards what the method binds.
+            p.need(Box(target.__func__, X.attr(fn.m, "__func__")), "id")
+            p.need(Box(target.__self__, X.attr(fn.m, "__self__")), "id")
+        else:
+            p.need(fn, "id")
         recv = Box(target.__self__, X.attr(fn.m, "__self__") if type(fn.m) is E else None)
         return call(p, Box(target.__func__), [recv] + args, kwargs)
     if kind is functools.partial:

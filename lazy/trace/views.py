@@ -12,7 +12,6 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from ..device.tensor import LazyTensor, Storage
-from ..ir.layout import contiguous_stride
 from ..ir.node import TENSOR, Node
 from ..ir.ops import AS_STRIDED, AS_STRIDED_SCATTER
 
@@ -202,9 +201,14 @@ def _numel(shape: tuple) -> int:
 
 
 def _dense(shape: tuple, stride: tuple) -> bool:
-    """Row-major without gaps (the strides of size-1 dims do not matter)."""
-    want = contiguous_stride(shape)
-    return all(d == 1 or s == w for d, s, w in zip(shape, stride, want))
+    """Row-major without gaps (the strides of size-1 dims do not matter; no size is 0)."""
+    want = 1
+    for i in range(len(shape) - 1, -1, -1):
+        d = shape[i]
+        if d != 1 and stride[i] != want:
+            return False
+        want *= d
+    return True
 
 
 def as_strided_step(desc: tuple, st: Storage) -> ViewStep:
