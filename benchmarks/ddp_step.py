@@ -11,7 +11,9 @@ TinyGPT, sized by the flags) on its own batch of --batch sequences; each step is
 the gradients: inside the step's graph on lazy), AdamW, and a sync (lazy: ``lazy.mark_step()``); ``capture`` is
 lazy with forward, backward, optimizer step and zero_grad in one ``lazy.compile``d function (captured at its third
 call, after the optimizer's first step and DDP's bucket rebuild; replayed from then on, collectives included). Time
-per step is the median (and the fastest: "best ms") over --steps steps after --warmup steps on rank 0. Samples/s = ranks x batch / step time; scaling is
+per step is the median (and the fastest: "best ms") over --steps steps after --warmup steps on rank 0; "cpu ms" is
+the median CPU time of rank 0's process per step (its threads together: on a shared machine it moves less than the
+wall time with other work). Samples/s = ranks x batch / step time; scaling is
 samples/s with 2 processes over samples/s with 1, per backend (2.0 would be perfect; on a 2-core machine both
 processes also share the cores with the backend's own work). torch.compile: ``torch.compile(DDP(model))`` (inductor,
 DDP's graph-break optimizer), the optimizer step eager; its first step (the compile) is not in the median.
@@ -74,10 +76,10 @@ def worker(args: argparse.Namespace) -> None:
 
     if backend == "capture":
         train_step = lazy.compile(train_step)
-    times = []
+    times, cpu = [], []
     for step in range(args.warmup + args.steps):
         seq = batches[step % len(batches)]
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         x, y = seq[:, :-1].to(device), seq[:, 1:].to(device)
         loss = train_step(x, y)
         if on_lazy:
@@ -86,11 +88,13 @@ def worker(args: argparse.Namespace) -> None:
         elif cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - cpu_start)
     final = float(loss)
     steady = times[args.warmup:]
     if rank == 0:
         print(RESULT + json.dumps({"first_ms": times[0] * 1e3, "step_ms": statistics.median(steady) * 1e3,
                                    "best_ms": min(steady) * 1e3,
+                                   "cpu_ms": statistics.median(cpu[args.warmup:]) * 1e3,
                                    "loss": final,
                                    "graphs": lazy.metrics.counter("compiles") if on_lazy else None,
                                    "replays": lazy.metrics.counter("capture.replays") if on_lazy else None}),
@@ -141,14 +145,14 @@ def main() -> None:
     backends = ["eager", "lazy", "capture"] + ([] if args.no_compile else ["compile"])
     del args.no_compile
     results = {(b, w): launch(b, w, args) for w in (1, 2) for b in backends}
-    print(f"{'backend':<9}{'ranks':>6}{'step ms':>10}{'best ms':>9}{'samples/s':>11}{'vs eager':>10}{'first ms':>10}"
-          f"{'loss':>9}")
+    print(f"{'backend':<9}{'ranks':>6}{'step ms':>10}{'best ms':>9}{'cpu ms':>8}{'samples/s':>11}{'vs eager':>10}"
+          f"{'first ms':>10}{'loss':>9}")
     for w in (1, 2):
         for b in backends:
             r = results[(b, w)]
             sps = w * args.batch / (r["step_ms"] / 1e3)
             ratio = results[("eager", w)]["step_ms"] / r["step_ms"]
-            print(f"{b:<9}{w:>6}{r['step_ms']:>10.2f}{r['best_ms']:>9.2f}{sps:>11.0f}{ratio:>9.2f}x"
+            print(f"{b:<9}{w:>6}{r['step_ms']:>10.2f}{r['best_ms']:>9.2f}{r['cpu_ms']:>8.2f}{sps:>11.0f}{ratio:>9.2f}x"
                   f"{r['first_ms']:>10.0f}{r['loss']:>9.4f}")
     print("vs eager: eager's step time over the backend's (above 1: faster than eager DDP)")
     for b in backends:
