@@ -115,6 +115,55 @@ def check_training(kind: str, opt_name: str, how: str) -> torch.nn.Module:
     return model
 
 
+def ddp_steps(kind: str, opt_name: str, device: str, steps: int, compiled: bool, **ddp_options) -> tuple:
+    """``steps`` DDP training steps on this rank's shard of each batch, on ``device``; with ``compiled`` the step
+    (forward, backward, optimizer step, zero_grad) is a ``lazy.compile``d function. This rank's losses and final
+    parameters."""
+    model = make(kind).to(device)
+    net = DDP(model, **ddp_options)
+    opt = optimizer(opt_name, model.parameters())
+
+    def step(x, y):
+        loss = loss_of(kind, net(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+
+    if compiled:
+        step = lazy.compile(step)
+    losses = []
+    for i in range(steps):
+        x, y = batch(kind, i, size=4 * WORLD)
+        loss = step(x.chunk(WORLD)[RANK].to(device), y.chunk(WORLD)[RANK].to(device))
+        if device == "lazy":
+            lazy.mark_step()
+        losses.append(loss.item())
+    return losses, {k: v.cpu() for k, v in model.state_dict().items()}, step
+
+
+def check_captured_ddp(kind: str, opt_name: str, **ddp_options) -> None:
+    """Captured DDP steps (lazy.compile) equal eager DDP's, step for step: the replays run the gradient all-reduces.
+    The first two calls run plainly (the optimizer creates its state; DDP rebuilds its buckets: Note [DDP's bucket
+    rebuild breaks once] in lazy/capture/lookaside.py, unless it looks for unused parameters, then it never
+    rebuilds), the next one captures, the rest replay."""
+    steps = 6
+    want_losses, want_state, _ = ddp_steps(kind, opt_name, "cpu", steps, compiled=False, **ddp_options)
+    replays = metrics.counter("capture.replays")
+    got_losses, got_state, step = ddp_steps(kind, opt_name, "lazy", steps, compiled=True, **ddp_options)
+    plain = 1 if ddp_options.get("find_unused_parameters") else 2
+    assert metrics.counter("capture.replays") - replays == steps - plain - 1, lazy.explain(step)
+    torch.testing.assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=1e-4, atol=1e-5)
+    free = GRADIENT_FREE.get(kind, {}) if opt_name == "adamw" else {}
+    for name, got in got_state.items():
+        want = want_state[name]
+        if name in free:
+            torch.testing.assert_close(got[free[name]], want[free[name]], rtol=0, atol=0.01 * steps)
+            got[free[name]] = want[free[name]]
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+    passed(" ".join(["captured ddp", kind, opt_name] + sorted(ddp_options)))
+
+
 def check_collectives() -> None:
     """Each collective on lazy tensors against the values eager gloo computes, all in one graph."""
     import torch.distributed._functional_collectives as funcol
@@ -164,6 +213,19 @@ def scenario_train() -> None:
     if RANK == 0:  # a checkpoint of rank 0, for the test to load in a single process
         torch.save(model.state_dict(), os.path.join(os.environ["LAZY_DIST_OUT"], "rank0.pt"))
     dist.barrier()
+    dist.destroy_process_group()
+
+
+def scenario_capture() -> None:
+    init()
+    check_captured_ddp("mlp", "adamw")
+    dist.destroy_process_group()
+
+
+def scenario_capture_more() -> None:
+    init()
+    check_captured_ddp("gpt", "adamw")
+    check_captured_ddp("mlp", "sgd", find_unused_parameters=True)
     dist.destroy_process_group()
 
 

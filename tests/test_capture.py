@@ -149,6 +149,27 @@ def test_python_number_used_as_a_shape_is_guarded_and_as_a_scalar_is_not():
     assert counter("capture.replays") == 2
 
 
+def test_autograd_function_apply_replays():
+    """``Function.apply`` (a classmethod: bound anew at every read, as DDP's _DDPSink's) is guarded by what it binds,
+    not by its own identity, so the call replays instead of recompiling every time. (A Function of torch's own: one
+    of user code runs its forward natively, which breaks the capture.)"""
+    from torch.autograd._functions.tensor import Resize
+
+    @lazy.compile
+    def f(w):
+        w.grad = None
+        loss = (Resize.apply(w, (2, 3)) ** 2).sum()
+        loss.backward()
+        return loss.detach()
+
+    for _ in range(4):
+        x = torch.randn(6)
+        w = x.to(L).requires_grad_()
+        torch.testing.assert_close(f(w).cpu(), (x ** 2).sum())
+        torch.testing.assert_close(w.grad.cpu(), 2 * x)
+    assert counter("capture.captures") == 1 and counter("capture.replays") == 3, lazy.explain(f)
+
+
 def test_module_training_flag_and_globals_and_closures():
     global OFFSET
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)).to(L)

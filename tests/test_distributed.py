@@ -71,10 +71,11 @@ def test_collectives_chain_in_recorded_order(one_rank):
     first, second = a._lz_st.value, b._lz_st.value
     assert second.inputs[1] is first  # Note [Collectives run in recorded order]
     lazy.mark_step()
-    last = collectives._LAST[0]._lz_st.value  # the broadcast's result, computed (it may still be in flight)
+    lazy.wait_device_ops()
+    assert collectives._LAST[0]._lz_st.value.is_data  # the broadcast's result, computed
     c = torch.ones(2, device=L)
     dist.all_reduce(c)
-    assert last.is_data and c._lz_st.value.inputs[1] is last
+    assert len(c._lz_st.value.inputs) == 1  # once run, nothing is left to order against
     lazy.mark_step()
 
 
@@ -133,6 +134,61 @@ def test_all_reduce_gradients_is_one_coalesced_node(one_rank):
     for p, w in zip(model.parameters(), want):
         torch.testing.assert_close(p.grad.cpu(), w)
     assert isinstance(model[0].weight.grad, LazyTensor)
+
+
+@pytest.mark.parametrize("as_view", [False, True])
+def test_ddp_buckets_are_all_reduced_without_copies(one_rank, as_view):
+    """DDP's Reducer on lazy tensors: its bucket views are slices, not the layout-aware as_strided ops that copy the
+    whole bucket per view, and each bucket is all-reduced as one ALL_REDUCE_CONCAT of the gradients written into it
+    (Note [All-reduce of a buffer written in pieces]); the gradients are eager's."""
+    import copy
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from lazy.ir.ops import AS_STRIDED, AS_STRIDED_SCATTER
+    sys.path.insert(0, HERE)
+    from models import MLP
+    torch.manual_seed(0)
+    eager = MLP()
+    model = copy.deepcopy(eager).to(L)
+    # a small cap: the buckets rebuilt after the first backward are several (the first one is 1 MiB)
+    ddp = DDP(model, bucket_cap_mb=0.002, gradient_as_bucket_view=as_view)
+    lazy.mark_step()  # DDP's broadcast of the parameters
+    for step in range(2):
+        x = torch.randn(6, 20)
+        for p, q in zip(model.parameters(), eager.parameters()):
+            p.grad = q.grad = None
+        ddp(x.to(L)).square().mean().backward()
+        eager(x).square().mean().backward()
+        ops = [n.op for n in linearize([value(p.grad) for p in model.parameters()]).order]
+        assert not {AS_STRIDED, AS_STRIDED_SCATTER, torch.ops.aten.slice_scatter.default} & set(ops)
+        buckets = len(ddp.reducer._get_zeros_like_grad_buckets())
+        assert [op for op in ops if op in collectives.OPS] == [collectives.ALL_REDUCE_CONCAT] * buckets
+        assert buckets == (1 if step == 0 else 2)
+        for p, q in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad.cpu(), q.grad)
+        lazy.mark_step()
+
+
+def test_all_reduce_of_a_buffer_written_in_pieces(one_rank):
+    """Note [All-reduce of a buffer written in pieces]: blocks no write reached come from the value under the writes;
+    overlapping writes keep the plain all-reduce of the chain."""
+    def writes(x, blocks):
+        for k, (shape, offset) in enumerate(blocks):
+            x.as_strided(shape, (shape[1], 1) if len(shape) == 2 else (1,), offset).mul_(k + 2)
+        return x
+
+    blocks = [((3,), 0), ((2, 2), 5)]  # [0, 3) and [5, 9): [3, 5) and [9, 10) keep their values
+    flat = writes(torch.arange(10.0, device=L), blocks)
+    dist.all_reduce(flat)
+    node = flat._lz_st.value
+    assert node.op is collectives.ALL_REDUCE_CONCAT and dict(node.kwargs)["count"] == 4
+    torch.testing.assert_close(flat.cpu(), writes(torch.arange(10.0), blocks))
+    overlapping = [((4,), 0), ((2, 2), 2)]
+    flat = writes(torch.arange(10.0, device=L), overlapping)
+    dist.all_reduce(flat)
+    assert flat._lz_st.value.op is collectives.ALL_REDUCE
+    torch.testing.assert_close(flat.cpu(), writes(torch.arange(10.0), overlapping))
 
 
 def test_functional_coalesced_and_inplace_forms(one_rank):
@@ -201,6 +257,22 @@ def test_two_ranks_train_like_one_process(tmp_path):
     model.load_state_dict(state)
     for name, got in model.state_dict().items():
         torch.testing.assert_close(got, want[name], rtol=1e-4, atol=1e-5)
+
+
+@needs_ranks
+def test_captured_ddp_steps_equal_eager_ddp(tmp_path):
+    for rank, (code, out) in enumerate(launch("capture", tmp_path)):
+        assert code == 0, f"rank {rank}:\n{out}"
+        assert _passes(out) == {"captured ddp mlp adamw"}, out
+
+
+@pytest.mark.slow
+@needs_ranks
+def test_captured_ddp_gpt(tmp_path):
+    for rank, (code, out) in enumerate(launch("capture_more", tmp_path)):
+        assert code == 0, f"rank {rank}:\n{out}"
+        assert _passes(out) == {"captured ddp gpt adamw",
+                                 "captured ddp mlp sgd find_unused_parameters"}, out
 
 
 @gloo_only

@@ -164,3 +164,34 @@ def test_matmul_out_with_a_folded_3d_input():
     out = torch.empty(5, 5, 5).to(L)
     torch.matmul(a.to(L), b.to(L), out=out)
     torch.testing.assert_close(out.cpu(), want)
+
+
+def test_dense_as_strided_blocks_are_slices():
+    """Note [Dense blocks of a dense storage are slices]: DDP's bucket views, as_strided blocks of a flat buffer, read
+    and write without the layout-aware as_strided ops (which copy the whole storage), and still as in eager."""
+    from lazy.ir.graph import linearize
+    from lazy.ir.ops import AS_STRIDED, AS_STRIDED_SCATTER
+    from lazy.trace.views import value
+
+    def buckets(flat):
+        pieces = [flat.as_strided((2, 3), (3, 1), 0), flat.as_strided((4,), (1,), 6), flat.as_strided((1, 2), (5, 1), 10)]
+        for k, p in enumerate(pieces):
+            p.mul_(k + 2)
+        flat.as_strided((3,), (1,), 3).add_(1)  # overlaps two blocks
+        return [flat.as_strided((2, 3), (3, 1), 0) * 1, flat.as_strided((4,), (1,), 6) + 0]
+
+    check(buckets, (12,))
+    check(lambda x: x.view(2, 6).as_strided((2, 2), (2, 1), 5).add_(1), (12,))  # a 2-d dense base
+    check(lambda x: (x.as_strided((2, 2), (1, 2), 1).add_(1), x)[1], (12,))  # not dense: the as_strided step
+    flat = torch.randn(12).to(L)
+    block = flat.as_strided((2, 3), (3, 1), 4)
+    block.add_(1)
+    ops = {n.op for n in linearize([value(flat), value(block)]).order}
+    assert not ops & {AS_STRIDED, AS_STRIDED_SCATTER}, ops
+
+    def column_major(x):  # a storage whose base is not row-major keeps the layout-aware step
+        return torch.empty_strided((3, 4), (1, 3), device=x.device).copy_(x.view(3, 4)).as_strided((2, 2), (1, 3), 1)
+
+    check(lambda x: column_major(x) * 1, (12,))
+    assert AS_STRIDED in {n.op for n in linearize([value(column_major(flat))]).order}
+    lazy.mark_step()

@@ -68,7 +68,13 @@ def call(p: Any, fn: Box, args: List[Box], kwargs: Dict[str, Box]) -> Box:
             return p.run_python(target, args, kwargs)
         return opaque(p, fn, args, kwargs)
     if kind is types.MethodType:
-        p.need(fn, "id")
+        if type(fn.m) is E:
+            # NOTE: a method read from state is bound anew at every read (``Function.apply``, a classmethod: DDP's
+            # _DDPSink): an identity guard on it would fail at every call, so it guards what the method binds.
+            p.need(Box(target.__func__, X.attr(fn.m, "__func__")), "id")
+            p.need(Box(target.__self__, X.attr(fn.m, "__self__")), "id")
+        else:
+            p.need(fn, "id")
         recv = Box(target.__self__, X.attr(fn.m, "__self__") if type(fn.m) is E else None)
         return call(p, Box(target.__func__), [recv] + args, kwargs)
     if kind is functools.partial:
@@ -928,3 +934,33 @@ def _function_get(p: Any, recv: Box, args: List[Box], kwargs: Dict[str, Box]) ->
     if obj.v is None:
         return recv
     return Box(types.MethodType(recv.v, obj.v), Bound(obj, recv.v.__name__))
+
+
+# Note [DDP's bucket rebuild breaks once]
+# DistributedDataParallel's Reducer rebuilds its gradient buckets once, in the first forward after the first
+# backward (in the order the gradients arrived): it broadcasts rank 0's bucket assignment and reads it on the host,
+# a sync inside the call. That is a first-steps event like an optimizer creating its state, so the break is
+# transient: this call runs as captured code would have (plainly), and the next call, whose Reducer no longer
+# rebuilds, is captured. The Reducer's other calls (prepare_for_forward/backward, the logger) take no tensors and
+# change only its bookkeeping for the autograd hooks, which a replay does not run: nothing of them is replayed.
+#
+# DDP's forward also marks itself as the active DDP module (``_inside_ddp_forward``: a class attribute set and
+# restored around the module's forward, for torch.compile's DDPOptimizer). The context manager runs natively: the pair
+# of stores leaves the class as it was, and no replayed code could observe what is between them.
+_c10d = getattr(torch._C, "_distributed_c10d", None)
+if _c10d is not None:
+    from torch.nn.parallel import DistributedDataParallel as _DDP
+
+    @lookaside(_DDP.__dict__["_inside_ddp_forward"])
+    def _ddp_forward_context(p: Any, args: List[Box], kwargs: Dict[str, Box]) -> Box:
+        return p.new(_DDP._inside_ddp_forward(args[0].v), New("object"))
+
+    @method(_c10d.Reducer, "_rebuild_buckets")
+    def _reducer_rebuild_buckets(p: Any, recv: Box, args: List[Box], kwargs: Dict[str, Box]) -> Box:
+        before = p.s.broken
+        rebuilt = bool(recv.v._rebuild_buckets(*[p.concrete(a) for a in args]))
+        if rebuilt and before is None:
+            p.s.broken = None  # the rebuild's own sync
+            p.breaks("DistributedDataParallel rebuilds its gradient buckets (once, in the forward after the first "
+                     "backward)", transient=True)
+        return Box(rebuilt)

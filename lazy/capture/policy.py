@@ -154,6 +154,16 @@ class CapturePolicy(Policy):
             return Box(value)
         return Box(value, e)
 
+    def held(self, t: LazyTensor) -> None:
+        """``t`` existed before the call and reached a recording rule from native code that holds it, not through
+        the inputs (DDP's Reducer all-reducing its gradient buckets: Note [Tensors native code holds] in
+        lazy/distributed/intercept.py): unless the inputs reach its storage too, a replay reads and writes that
+        storage through ``t`` itself."""
+        st = t._lz_st
+        if id(st) not in self.s.storage_source:
+            self.s.storage_source[id(st)] = (st, X.pinned(t))
+            self.s.remember(t)
+
     def new(self, value: Any, meta: New) -> Box:
         self.s.created[id(value)] = meta
         self.s.remember(value)

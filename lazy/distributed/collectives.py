@@ -12,10 +12,12 @@ collective node takes the previous pending collective's result as an extra input
 collectives), so every topological order of a graph, on every executor, runs them in the order they were
 recorded, whatever else the graph holds. The newest result is kept alive (``_LAST``), so a collective whose own
 result is dropped still runs at the next ``mark_step``, on every rank alike, instead of silently on some ranks only.
-Once that result is computed it is still the token, as a data leaf: with asynchronous execution (Note [Asynchronous
-execution] in lazy/sync/launch.py) it may be the output of a program still running on the worker thread, and a
-graph that reads it waits for that program before it runs on the calling thread. So collectives never run on two
-threads at once, where the ranks could interleave them differently.
+Once that result is computed it stays the token, as a data leaf, while the program that computes it may still run:
+with asynchronous execution (Note [Asynchronous execution] in lazy/sync/launch.py) it may be the output of a program
+on the worker thread, and a graph that reads it waits for that program before it runs on the calling thread. So
+collectives never run on two threads at once, where the ranks could interleave them differently. Once that program
+has run, nothing is left to order against, and the next collective takes no token: a captured step (lazy.compile)
+then reads no result of an earlier step that its inputs do not reach.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import torch.distributed.distributed_c10d as c10d
 from ..device.tensor import LazyTensor, new_tensor
 from ..ir.layout import contiguous_stride
 from ..ir.node import TENSOR, Node, Op, getitem
+from ..sync import launch
 from ..trace import record
 
 aten = torch.ops.aten
@@ -101,8 +104,14 @@ def _dense(x: torch.Tensor) -> torch.Tensor:
 
 
 def _all_reduce(x: torch.Tensor, *token: torch.Tensor, group: str, reduce: str) -> torch.Tensor:
-    out = _dense(x)
+    return _all_reduce_dense(_dense(x), group, reduce)
+
+
+def _all_reduce_dense(out: torch.Tensor, group: str, reduce: str) -> torch.Tensor:
+    """``out`` (a new dense tensor) reduced over the group in place."""
     pg = resolve_group(group)
+    if pg.size() == 1:  # every reduction of one rank's tensor is that tensor; gloo would still hand it to a thread
+        return out
     opts = dist.AllreduceOptions()
     opts.reduceOp = _REDUCE_OPS[reduce]
     _wait(pg.allreduce([out], opts), f"all_reduce({reduce})", group)
@@ -146,7 +155,12 @@ def _all_reduce_coalesced(*xs: torch.Tensor, group: str, reduce: str, count: int
     return tuple(piece.view(x.shape) for piece, x in zip(flat.split([x.numel() for x in xs]), xs))
 
 
+def _all_reduce_concat(*xs: torch.Tensor, group: str, reduce: str, count: int) -> torch.Tensor:
+    return _all_reduce_dense(torch.cat(xs[:count]), group, reduce)  # the rest is the token; cat's result is new
+
+
 ALL_REDUCE = Op("c10d_all_reduce", _all_reduce)
+ALL_REDUCE_CONCAT = Op("c10d_all_reduce_concat", _all_reduce_concat)
 ALL_REDUCE_COALESCED = Op("c10d_all_reduce_coalesced", _all_reduce_coalesced)
 BROADCAST = Op("c10d_broadcast", _broadcast)
 ALL_GATHER = Op("c10d_all_gather_into_tensor", _all_gather)
@@ -157,7 +171,16 @@ REDUCE_SCATTER = Op("c10d_reduce_scatter_tensor", _reduce_scatter)
 # result. Concatenating them in the graph instead (``torch.cat``, as DDP's buckets do) would cost the same one
 # collective, but the C++ compiler fuses each gradient's computation into the concatenation, where every element
 # evaluates the branches of all inputs: a 28-gradient cat of 106 K elements took seconds per step.
-OPS = frozenset((ALL_REDUCE, ALL_REDUCE_COALESCED, BROADCAST, ALL_GATHER, REDUCE_SCATTER))
+# Note [All-reduce of a buffer written in pieces]
+# DDP's Reducer writes each gradient into its block of a flat bucket (``bucket_view.mul_(grad, 1 / world)``; the
+# views are slices: Note [Dense blocks of a dense storage are slices] in lazy/trace/views.py), all-reduces the bucket
+# and reads the blocks back. Recorded as it is written, the bucket's value is a chain of one ``slice_scatter`` per
+# gradient, which the C++ compiler fuses into one kernel where every element evaluates every gradient's branch (and
+# its producer): over a second per step for 28 gradients. So an all-reduce of a 1-d value that is such a chain is
+# recorded as ALL_REDUCE_CONCAT of the pieces, in order (blocks never written are slices of the value under the
+# chain), which concatenates them on the backing device inside the collective, as the coalesced all-reduce does. Its
+# result is the flat buffer; the reads of the blocks are slices of it, which lower to index maps.
+OPS = frozenset((ALL_REDUCE, ALL_REDUCE_CONCAT, ALL_REDUCE_COALESCED, BROADCAST, ALL_GATHER, REDUCE_SCATTER))
 
 
 def describe_node(node: Node) -> str:
@@ -182,7 +205,9 @@ def _token() -> Optional[Node]:
         return None
     value = last._lz_st.value
     # a failed graph's collectives never run: chaining on one would run it again
-    return None if value is last._lz_st.failed else value
+    if value is last._lz_st.failed or value.is_data and not launch.in_flight(value.data):
+        return None
+    return value
 
 
 def check_lazy(x: Any, what: str) -> LazyTensor:
@@ -217,7 +242,53 @@ def all_reduce(x: LazyTensor, reduce: str, group: str) -> LazyTensor:
     """A new lazy tensor: the reduction of ``x`` over the group (recorded, run at the sync)."""
     if reduce == "avg" and not (x.dtype.is_floating_point or x.dtype.is_complex):
         raise UnsupportedCollective(f"lazy.distributed: all_reduce(avg) of a {x.dtype} tensor; use sum and divide")
-    return _emit(ALL_REDUCE, x, tuple(x.shape), (("group", group), ("reduce", reduce)), "all_reduce")
+    kwargs = (("group", group), ("reduce", reduce))
+    pieces = _written_pieces(record._value(check_lazy(x, "all_reduce")))
+    if pieces is None:
+        return _emit(ALL_REDUCE, x, tuple(x.shape), kwargs, "all_reduce")
+    token = _token()  # Note [All-reduce of a buffer written in pieces]
+    ins = tuple(pieces) + (() if token is None else (token,))
+    node = Node(ALL_REDUCE_CONCAT, (TENSOR,) * len(ins), kwargs + (("count", len(pieces)),), ins, (),
+                tuple(x.shape), x.dtype)
+    out = new_tensor((tuple(x.shape), (1,), 0, x.dtype), node, x.numel())
+    _LAST[0] = out
+    return out
+
+
+_MIN_PIECES = 2  # a chain of one write is as cheap to lower as the collective's own copy
+
+
+def _written_pieces(value: Node) -> Optional[List[Node]]:
+    """The 1-d pieces that tile ``value``, in order, if it is a chain of slice_scatters into disjoint blocks of a
+    1-d value (Note [All-reduce of a buffer written in pieces]); else None."""
+    if len(value.shape) != 1:
+        return None
+    blocks: List[Tuple[int, int, Node]] = []
+    node = value
+    while node.op is aten.slice_scatter.default and node.inputs[0].shape == value.shape:
+        if len(node.args) != 6 or node.kwargs:
+            return None
+        _, _, dim, start, end, step = node.args
+        src = node.inputs[1]
+        if dim != 0 or step != 1 or type(start) is not int or type(end) is not int or not \
+                0 <= start < end <= value.shape[0] or src.shape != (end - start,) or src.dtype != value.dtype or \
+                any(s < end and start < e for s, e, _ in blocks):
+            return None
+        blocks.append((start, end, src))
+        node = node.inputs[0]
+    if len(blocks) < _MIN_PIECES:
+        return None
+    blocks.sort(key=lambda b: b[0])
+    pieces: List[Node] = []
+    at = 0
+    for start, end, src in blocks + [(value.shape[0], value.shape[0], None)]:
+        if start > at:  # a block no write reached: the value under the chain
+            pieces.append(Node(aten.slice.Tensor, (TENSOR, 0, at, start, 1), (), (node,), (), (start - at,),
+                               value.dtype))
+        if src is not None:
+            pieces.append(src)
+        at = end
+    return pieces
 
 
 def all_reduce_coalesced(xs: Sequence[LazyTensor], reduce: str, group: str) -> List[LazyTensor]:

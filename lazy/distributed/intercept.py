@@ -50,11 +50,20 @@ def _reduce_op(a: Dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # c10d ops (dist.all_reduce & co.): in place on their tensors, returning a completed Work
 
+# Note [Tensors native code holds]
+# DDP's Reducer (C++) owns its gradient buckets: it writes the gradients into them, all-reduces them through the
+# process group (``c10d::allreduce_``, recorded here) and copies them out, all from autograd's hooks. A capture
+# (lazy.compile) of a step whose backward does this reaches the buckets through no input, so it would refuse the step
+# as one that changes a tensor it cannot name. The Reducer holds the same bucket tensors from step to step, so the
+# capture is told to name them as themselves (``held``): a replay writes the all-reduced buckets back into them, as
+# the step does, and the Reducer finds them as it left them.
 def _allreduce(func: Any, args: tuple, kwargs: dict) -> Any:
     a = _bind(func, args, kwargs)
     group, reduce = _group(a["process_group"]), _reduce_op(a)
     for t in a["tensors"]:
         C.write(t, C.all_reduce(C.check_lazy(t, "all_reduce"), reduce, group), "all_reduce")
+        if record.CAPTURE is not None:
+            record.CAPTURE.p.held(t)
     return (a["tensors"], _done(a["tensors"]))
 
 

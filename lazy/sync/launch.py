@@ -275,6 +275,11 @@ def ready(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def in_flight(t: torch.Tensor) -> bool:
+    """Whether ``t`` is the placeholder of a launched execution not yet retired (its data may not be there)."""
+    return id(t) in _S.inflight
+
+
 def ready_all(tensors: Sequence[torch.Tensor]) -> None:
     """Wait until every tensor in ``tensors`` has its data (before a graph runs on the calling thread)."""
     if _S.poisoned:

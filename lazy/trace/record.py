@@ -253,13 +253,13 @@ def record_view(func: Any, args: tuple, kwargs: dict) -> Any:
     out = infer((desc, targs, tkw, tuple(memo)), func, args, kwargs)
     st = base._lz_st
     if func is aten.as_strided.default:
-        return _view_tensor(out, base, views.as_strided_step(out[:4], st), reset=True)
+        return _view_tensor(out, base, views.as_strided_chain(out[:4], st), reset=True)
     if type(out) is Out:
         step = views.ViewStep(func, targs, tkw, out[0], out[3])
         return _view_tensor(out, base, step)
     steps = views.split_steps(func, targs, out)
     if steps is None:
-        return type(out)(_view_tensor(o, base, views.as_strided_step(o[:4], st), reset=True) for o in out)
+        return type(out)(_view_tensor(o, base, views.as_strided_chain(o[:4], st), reset=True) for o in out)
     return type(out)(_view_tensor(o, base, s) for o, s in zip(out, steps))
 
 
@@ -269,15 +269,23 @@ def record_view(func: Any, args: tuple, kwargs: dict) -> Any:
 # op on it replaces the storage value, exactly what the identity chain would do, but through the C fast path:
 # parameters are such aliases (nn.Parameter detaches its data; so does ``.data``), and the optimizer's in-place
 # updates of them would otherwise each take the Python recorder.
-def _view_tensor(out: Out, base: LazyTensor, step: "views.ViewStep", reset: bool = False) -> LazyTensor:
+def _view_tensor(out: Out, base: LazyTensor, step: Any, reset: bool = False) -> LazyTensor:
+    """A view of ``base``: one more ``step`` on its chain, or with ``reset`` a chain of steps (a tuple) from its
+    storage's base (as_strided reads the storage)."""
     st = base._lz_st
-    if step.op in views.ALIASES and base._lz_chain is None and not reset:
-        alias = wrap(out[:4], st)
-        _C.share_storage(alias, base)
-        return alias
-    prev = st.value if reset else _value(base)
-    chain = (step,) if reset else (base._lz_chain or ()) + (step,)
-    view = wrap(out[:4], st, chain, (st.version, step.apply(prev)))
+    if reset:
+        chain = step
+        value = st.value
+        for s in chain:
+            value = s.apply(value)
+    else:
+        if step.op in views.ALIASES and base._lz_chain is None:
+            alias = wrap(out[:4], st)
+            _C.share_storage(alias, base)
+            return alias
+        chain = (base._lz_chain or ()) + (step,)
+        value = step.apply(_value(base))
+    view = wrap(out[:4], st, chain, (st.version, value))
     _C.share_storage(view, base)
     return view
 

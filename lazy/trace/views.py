@@ -165,6 +165,52 @@ def _scatter(st: Storage, chain: tuple, new: Node, desc: tuple) -> Node:
     return emit(AS_STRIDED_SCATTER, args, (base, new), base.shape, base.dtype)
 
 
+# Note [Dense blocks of a dense storage are slices]
+# ``as_strided`` reads memory, so in general its step is the layout-aware AS_STRIDED (an extern that lays the
+# storage out in a buffer and copies the view out of it), and a write through it one AS_STRIDED_SCATTER of the whole
+# storage. DDP's Reducer views its flat gradient buckets that way, one view per parameter, each written and read
+# every step: a copy of the whole bucket per view. But where the storage's base is dense row-major and the view a
+# dense block of it (the bucket views are), the view is the base flattened, sliced and reshaped: steps with reverses,
+# which lower to index maps (no copy) and whose writes go back as a ``slice_scatter`` of the block alone.
+def as_strided_chain(desc: tuple, st: Storage) -> tuple:
+    """The view steps reading ``desc`` (size, stride, absolute offset, dtype) out of the storage ``st``: a flat view,
+    a slice and a view where that is what it is (Note [Dense blocks of a dense storage are slices]), else one
+    layout-aware as_strided step."""
+    shape, stride, offset, dtype = desc
+    base = st.value
+    n = _numel(shape)
+    flat = (st.numel,)
+    if dtype != base.dtype or n == 0 or offset + n > st.numel or _numel(base.shape) != st.numel or \
+            not _dense(base.shape, st.stride) or not _dense(shape, stride):
+        return (as_strided_step(desc, st),)
+    steps = []
+    if tuple(base.shape) != flat:
+        steps.append(ViewStep(aten.view.default, (TENSOR, flat), (), flat, dtype))
+    if n != st.numel:
+        steps.append(ViewStep(aten.slice.Tensor, (TENSOR, 0, offset, offset + n, 1), (), (n,), dtype))
+    if tuple(shape) != (n,) or not steps:
+        steps.append(ViewStep(aten.view.default, (TENSOR, tuple(shape)), (), tuple(shape), dtype))
+    return tuple(steps)
+
+
+def _numel(shape: tuple) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _dense(shape: tuple, stride: tuple) -> bool:
+    """Row-major without gaps (the strides of size-1 dims do not matter; no size is 0)."""
+    want = 1
+    for i in range(len(shape) - 1, -1, -1):
+        d = shape[i]
+        if d != 1 and stride[i] != want:
+            return False
+        want *= d
+    return True
+
+
 def as_strided_step(desc: tuple, st: Storage) -> ViewStep:
     """A step reading ``desc`` (size, stride, absolute offset) straight out of the storage ``st``."""
     shape, stride, offset, dtype = desc
