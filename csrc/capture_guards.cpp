@@ -126,6 +126,18 @@ int lazy_tensor_matches(PyObject* t, PyObject* expected, PyTypeObject* lazy_type
   return r;
 }
 
+// *out = x[key]: 1 (loaded) or -1 (raised, or a dict without the key).
+int get_item(PyObject* x, PyObject* key, PyObject** out) {
+  if (PyDict_CheckExact(x)) {  // what x[key] does for a dict, without the method call
+    PyObject* v = PyDict_GetItemWithError(x, key);
+    if (v == nullptr) return -1;
+    *out = Py_NewRef(v);
+    return 1;
+  }
+  *out = PyObject_GetItem(x, key);
+  return *out != nullptr ? 1 : -1;
+}
+
 // One instruction: 1 (holds / loaded), 0 (fails), -1 (raised: fails).
 int step(const Ins& ins, PyObject** r, PyObject* A, PyTypeObject* lazy_type) {
   PyObject* x = ins.src >= 0 ? r[ins.src] : nullptr;
@@ -142,26 +154,9 @@ int step(const Ins& ins, PyObject** r, PyObject* A, PyTypeObject* lazy_type) {
       r[ins.dst] = PyObject_GetAttr(x, ins.a);
       return r[ins.dst] != nullptr ? 1 : -1;
     case kItem:
-      if (PyDict_CheckExact(x)) {  // what x[a] does for a dict, without the method call
-        PyObject* v = PyDict_GetItemWithError(x, ins.a);
-        if (v == nullptr) return -1;
-        r[ins.dst] = Py_NewRef(v);
-        return 1;
-      }
-      r[ins.dst] = PyObject_GetItem(x, ins.a);
-      return r[ins.dst] != nullptr ? 1 : -1;
-    case kItemReg: {
-      PyObject* key = r[ins.n];
-      if (key == nullptr) return 0;
-      if (PyDict_CheckExact(x)) {
-        PyObject* v = PyDict_GetItemWithError(x, key);
-        if (v == nullptr) return -1;
-        r[ins.dst] = Py_NewRef(v);
-        return 1;
-      }
-      r[ins.dst] = PyObject_GetItem(x, key);
-      return r[ins.dst] != nullptr ? 1 : -1;
-    }
+      return get_item(x, ins.a, &r[ins.dst]);
+    case kItemReg:
+      return r[ins.n] != nullptr ? get_item(x, r[ins.n], &r[ins.dst]) : 0;
     case kIs:
       return x == ins.a;
     case kTypeIs:
