@@ -157,3 +157,40 @@ def test_auto_picks_the_compiler_by_backing_device():
         assert graph_cache.backend_for(torch.device("cuda", 0)) == ("triton" if triton else "reference")
     with lazy.config.override(compiler="reference"):
         assert graph_cache.backend_for(torch.device("cpu")) == "reference"
+
+
+def test_triton_compile_pool_starts_at_a_large_graph_that_will_tier_up(monkeypatch):
+    """Note [Triton compiles]: on cuda the workers start at the first large graph that warms up (a training step's
+    first graph), not when a graph tiers up and needs them."""
+    from lazy.runtime import triton_build
+    from lazy.sync import BEFORE_RUN
+
+    graphs = []
+    BEFORE_RUN.append(lambda lin, hit: graphs.append(lin))
+    try:
+        x = torch.randn(4).to("lazy")
+        (x + 1).cpu()
+        y = x
+        for _ in range(triton_build.PRESTART_NODES):
+            y = y * 1.01
+        y.cpu()
+    finally:
+        BEFORE_RUN.pop()
+    small, big = graphs
+    started = []
+    monkeypatch.setattr(triton_build, "start_pool", lambda: started.append(True))
+    monkeypatch.setattr(graph_cache, "backend_for", lambda device: "triton")
+    monkeypatch.setattr(graph_cache, "_compile", lambda backend, lin, device, key, why: object())
+    cuda = torch.device("cuda")
+    try:
+        with lazy.config.override(compiler="auto", compile_after=2):
+            graph_cache.lookup(small, cuda)
+            assert not started
+            graph_cache.lookup(big, cuda)
+            assert started == [True]
+        with lazy.config.override(compiler="triton"):  # compiled at the first run, in place: no pool
+            graph_cache.clear()
+            graph_cache.lookup(big, cuda)
+            assert started == [True]
+    finally:
+        graph_cache.clear()

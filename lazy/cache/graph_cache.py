@@ -97,6 +97,10 @@ def lookup(lin: Linearized, device: torch.device) -> tuple:
         return program, True
     metrics.bump("graph_cache.miss")
     warm = config.compiler == "auto" and backend != "reference" and config.compile_after > 1
+    if warm and backend == "triton" and device.type == "cuda":
+        from ..runtime import triton_build
+        if len(lin.order) >= triton_build.PRESTART_NODES:
+            triton_build.start_pool()  # Note [Triton compiles]: its workers start while this graph warms up
     program = _compile("reference" if warm else backend, lin, device, key,
                        f"until run {config.compile_after}" if warm else "")
     metrics.bump("compiles")

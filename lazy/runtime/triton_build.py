@@ -7,7 +7,10 @@ wait for them: its kernels compile in a pool of worker processes (``triton_worke
 a CUDA context of its own and the parent's is never forked), each compile filling Triton's own cache, which
 lives under lazy's cache directory (``<cache_dir>/triton``: created 0700 and refused if foreign, as
 cache/disk.py does). Until every kernel of the graph is compiled the program runs on the reference executor;
-then the parent loads the kernels from that cache (milliseconds) and runs them from then on.
+then the parent loads the kernels from that cache (milliseconds) and runs them from then on. Spawned workers take
+seconds to start (torch, Triton, a CUDA context), so the pool starts at the first graph of PRESTART_NODES nodes or
+more that will tier up (graph_cache.lookup): a training step's first graph, whose steady-state successor tiers up a
+step later.
 A record ``<key>.triton.json`` keeps the sha256 of the module's source and of every file of each compiled kernel
 in Triton's cache (written atomically, last). A later process whose record matches its source and files loads
 its kernels at once, in the calling thread (it compiles nothing: ``triton.compiles`` stays 0); a record that
@@ -36,6 +39,7 @@ from ..config import config
 from ..debug import metrics
 
 _POOL: Optional[concurrent.futures.ProcessPoolExecutor] = None
+PRESTART_NODES = 256
 # Triton's compile options of every kernel. NOTE: no overflow checks, which a kernel compiled with debug (one with
 # index checks) would otherwise assert on: integer arithmetic wraps, as eager's does.
 OPTIONS = {"num_stages": 1, "sanitize_overflow": False}
@@ -174,20 +178,43 @@ class Compiles:
         return sum(f.result() for f in self.futures)
 
 
+def _pool() -> concurrent.futures.ProcessPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = concurrent.futures.ProcessPoolExecutor(max_workers=max(1, config.triton_workers),
+                                                       mp_context=multiprocessing.get_context("spawn"))
+        atexit.register(_shutdown)
+    return _POOL
+
+
+def _warm_worker(cache: str) -> None:
+    """A worker's start: Triton imported and the GPU's target known, ahead of its first compile."""
+    os.environ["TRITON_CACHE_DIR"] = cache
+    import triton
+    triton.runtime.driver.active.get_current_target()
+
+
+def start_pool() -> None:
+    """Start the workers now, so they are up when a graph tiers up (Note [Triton compiles]); once per process."""
+    if _POOL is not None or config.triton_workers <= 0:
+        return
+    use_cache_dir(False)
+    pool = _pool()
+    with _main_hidden():
+        for _ in range(max(1, config.triton_workers)):
+            pool.submit(_warm_worker, os.environ["TRITON_CACHE_DIR"])
+
+
 def submit(path: str, launches: Sequence[Any], dtypes: Dict[int, Any]) -> Compiles:
     """Compile the module's kernels in the worker pool (Note [Triton compiles]), its kernels dealt round-robin to
     the workers, so a graph of many kernels compiles in parallel."""
-    global _POOL
     workers = max(1, config.triton_workers)
-    if _POOL is None:
-        _POOL = concurrent.futures.ProcessPoolExecutor(max_workers=workers,
-                                                       mp_context=multiprocessing.get_context("spawn"))
-        atexit.register(_shutdown)
+    pool = _pool()
     distinct = _distinct(launches, dtypes)
     metrics.bump("triton.compiles", len(distinct))
     shares = [list(distinct[i::workers]) for i in range(min(workers, len(distinct)))]
     with _main_hidden():  # a submit may start workers
-        return Compiles([_POOL.submit(_worker, path, share, dict(dtypes), os.environ["TRITON_CACHE_DIR"])
+        return Compiles([pool.submit(_worker, path, share, dict(dtypes), os.environ["TRITON_CACHE_DIR"])
                          for share in shares])
 
 
