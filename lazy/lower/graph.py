@@ -121,10 +121,12 @@ def lower(lin: Linearized, device: Optional[torch.device] = None) -> Lowered:
         n = len(node.scalars)
         out.scalar_kinds.extend(type(s) if type(s) in (bool, int, float) else object for s in node.scalars)
         if node.op is GETITEM:
-            vals[id(node)] = ins[0][node.args[0]]
-            continue
-        v = _lower_node(out, node, ins, slot, device)
-        slot += n
+            v = ins[0][node.args[0]]
+        else:
+            v = _lower_node(out, node, ins, slot, device)
+            slot += n
+        # NOTE: a getitem's value is shared like any node's: batch_norm_backward's weight and bias gradients are
+        # reductions read by each of AdamW's update ops, and inlined they were computed again in every kernel
         if isinstance(v, TVal) and v.buffer is None and users.get(id(node), 0) > 1:
             if recompute_cost(v(vars_for(v.shape, "x"))) > SHARED_INLINE_LIMIT:
                 v = from_buffer(out.realize(v))
