@@ -290,15 +290,18 @@ def test_float_arithmetic_is_not_contracted_into_fma():
     assert torch.equal(got, want), (got - want).abs().max()
 
 
-@pytest.mark.parametrize("shape", [(4, 1030), (40003,), (3, 256), (16, 16), (2, 8, 12)])
+@pytest.mark.parametrize("shape", [(4, 1030), (40003,), (3, 256), (16, 16), (2, 12, 8)])
 def test_deep_chains_run_interleaved_copies_with_the_same_results(shape):
     """Note [Interleaved copies]: the innermost loop of a long chain computes INTERLEAVE copies per iteration (with a
     remainder loop where the extent is not a multiple; as the OpenMP loop of a 1-D kernel too), bit-identical to
-    the plain loop, which a short chain keeps."""
+    the plain loop, which a short chain keeps. The 3-D chain reads its input transposed, so its loops cannot merge
+    (Note [Contiguous loops are merged]) and an enclosing loop of 8 is the one interleaved."""
     torch.manual_seed(0)
     x = torch.randn(shape) * 4
 
     def deep(t):
+        if t.dim() == 3:
+            t = t.transpose(1, 2)
         for _ in range(3):
             t = (t * 1.01 + 0.1).sin().exp() - 1.5
         return t
@@ -326,3 +329,51 @@ def test_large_outputs_ask_for_huge_pages_and_stay_correct():
     x = torch.randn(2048, 1031)
     got = (x.to("lazy") * 2 + 1).cpu()
     assert torch.equal(got, x * 2 + 1)
+
+
+def test_batch_norm_training_and_adamw_match_eager():
+    """BatchNorm2d in training (odd sizes: its statistics and gradients reduce (N, H, W) of NCHW, Note [Contiguous
+    loops are merged] and Note [Sibling stages share their loop]) and AdamW's update of its parameters, three steps
+    on the lazy device against eager: outputs, every gradient, running statistics and updated parameters."""
+    import copy
+    torch.manual_seed(0)
+    xs = [torch.randn(5, 3, 7, 9) for _ in range(3)]
+    dys = [torch.randn(5, 3, 7, 9) for _ in range(3)]
+    bn = torch.nn.BatchNorm2d(3)
+    with torch.no_grad():
+        bn.weight.copy_(torch.randn(3))
+        bn.bias.copy_(torch.randn(3))
+
+    def train(device):
+        m = copy.deepcopy(bn).to(device)
+        opt = torch.optim.AdamW(m.parameters(), lr=0.1, weight_decay=0.01)
+        seen = []
+        for x, dy in zip(xs, dys):
+            x = x.to(device).requires_grad_()
+            y = m(x)
+            opt.zero_grad()
+            (y * dy.to(device)).sum().backward()
+            opt.step()
+            if device == "lazy":
+                lazy.mark_step()
+            seen.append([t.detach().cpu().clone() for t in (y, x.grad, m.weight.grad, m.bias.grad, m.weight, m.bias,
+                                                     m.running_mean, m.running_var)])
+        return seen
+
+    for got, want in zip(train("lazy"), train("cpu")):
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+
+
+def test_sums_over_outer_dims_match_eager():
+    """sum over dims (0, 2, 3) of NCHW and sum(0), odd sizes, float32 and float64: merged loops and lanes give
+    eager's values within its tolerances."""
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randn(5, 3, 7, 9, dtype=dtype)
+        torch.testing.assert_close(x.to("lazy").sum((0, 2, 3)).cpu(), x.sum((0, 2, 3)))
+        torch.testing.assert_close((x.to("lazy") * 2).sum((0, 2, 3), keepdim=True).cpu(), (x * 2).sum((0, 2, 3),
+                                   keepdim=True))
+        torch.testing.assert_close(x.to("lazy").sum(0).cpu(), x.sum(0))
+        y = torch.randn(37, 301, dtype=dtype)
+        torch.testing.assert_close(y.to("lazy").sum(0).cpu(), y.sum(0))

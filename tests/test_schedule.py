@@ -253,3 +253,36 @@ def test_stage_values_kept_for_the_stores(monkeypatch, tmp_path):
                     (lambda x: x.softmax(-1), (torch.randn(3, 5000),)), (lambda x: x.softmax(0), (x,))):
         _, _, program = run(f, *args)
         assert "(keeps" not in program.kernel_ir, program.kernel_ir
+
+
+def test_reductions_shared_by_kernels_are_stored_once():
+    """Note [Reductions shared by kernels are stored once]: batch_norm_backward (odd sizes) sums dy and
+    dy * (x - mean) over (N, H, W) for grad_input and for the weight and bias gradients; each sum runs as a stage of
+    one kernel only, its loops over H and W merged into one (Note [Contiguous loops are merged]) and the two sums in
+    one loop nest (Note [Sibling stages share their loop])."""
+    torch.manual_seed(0)
+    x, dy, w = torch.randn(5, 3, 7, 9), torch.randn(5, 3, 7, 9), torch.randn(3)
+    mean, invstd = x.mean((0, 2, 3)), x.var((0, 2, 3), unbiased=False).add(1e-5).rsqrt()
+
+    def fn(dy, x, w, mean, invstd):
+        return list(torch.ops.aten.native_batch_norm_backward(dy, x, w, None, None, mean, invstd, True, 1e-5,
+                                                              [True, True, True]))
+
+    _, externs, program = run(fn, dy, x, w, mean, invstd)
+    assert externs == 0
+    assert program.kernel_ir.count(" stage sum over [5, 7, 9]") == 2, program.kernel_ir
+    assert len(re.findall(r"for \(int64_t (r\w+) = 0; \1 < 5;", program.source)) == 1, program.source
+    assert re.search(r"for \(int64_t (r\w+k) = 0; \1 < 63;", program.source), program.source
+
+
+def test_contiguous_loops_are_merged():
+    """Note [Contiguous loops are merged]: sum over (0, 2, 3) of an NCHW tensor reduces N and one loop of H * W;
+    a pointwise kernel over a contiguous tensor is one loop; a transposed read keeps its loops apart."""
+    x = torch.randn(5, 3, 7, 9)
+    _, _, program = run(lambda x: x.sum((0, 2, 3)), x)
+    assert re.search(r"for \(int64_t (r\w+k) = 0; \1 < 63;", program.source), program.source
+    _, _, program = run(lambda x: x * 2 + 1, x)
+    assert program.kernel_ir.splitlines()[0].count("<") == 1 and "<945]" in program.kernel_ir.splitlines()[0]
+    _, _, program = run(lambda x: x.transpose(2, 3) * 2 + 1, x)
+    assert program.kernel_ir.splitlines()[0].count("<") == 3, program.kernel_ir
+    torch.testing.assert_close(x.sum(0).to("lazy").cpu(), x.sum(0))

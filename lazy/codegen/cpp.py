@@ -23,7 +23,7 @@ from .cpp_prelude import PRELUDE
 
 # keep_bytes: stage values kept per outer iteration (Note [Stage values kept for the stores] in schedule/) live in
 # an array on the stack, a third of a 48 KB L1: softmax rows of up to 4096 floats
-LIMITS = Limits(max_buffers=64, parallel_threshold=1 << 15, keep_bytes=16 << 10)
+LIMITS = Limits(max_buffers=64, parallel_threshold=1 << 15, keep_bytes=16 << 10, coalesce=True)
 
 CTYPES: Dict[torch.dtype, str] = {
     torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
@@ -335,12 +335,12 @@ def _float_lanes(s: Stage, tile: Optional[_Blocks]) -> bool:
     """Whether stage ``s`` sums in float lanes (Note [Short float sums in float lanes])."""
     red, body = s.red, s.body
     if tile is not None or red.kind != "sum" or red.dtype != torch.float32 or red.acc_dtype != torch.float64 \
-            or not red.red_vars or body.op != "cast" or body.args[0].dtype != torch.float32:
+            or not s.red_vars or body.op != "cast" or body.args[0].dtype != torch.float32:
         return False
     n = 1
     for k in red.red_shape:
         n *= k
-    lanes = _lanes(["float"], red.red_vars[-1].args[1])
+    lanes = _lanes(["float"], s.red_vars[-1].args[1])
     return lanes > 1 and n <= lanes * FLOAT_LANE_TERMS
 
 
@@ -359,7 +359,7 @@ def _render_stage(n: int, s: Stage, scope: _Scope, tile: Optional[_Blocks], arra
     element = s.body
     if _float_lanes(s, tile):  # Note [Short float sums in float lanes]
         at, init, element = "float", INIT["sum"]("float"), s.body.args[0]
-    red_vars = list(red.red_vars)
+    red_vars = list(s.red_vars)
     blocks = tile
     arg = red.kind in kir.ARG_KINDS  # Note [Arg reductions]: exact in lanes for every dtype
     if tile is None and red.kind in LANE_KINDS and (red.acc_dtype.is_floating_point or arg) and red_vars:
@@ -408,7 +408,7 @@ def _render_stage(n: int, s: Stage, scope: _Scope, tile: Optional[_Blocks], arra
                       f"{ind}for (int64_t l = 0; l < {blocks.lanes}; ++l) {combine}"])
     elif arg:  # the lane's flat index: the innermost reduced variable is bound to the lane's
         flat = kir.const(0, kir.INDEX)
-        for v in red.red_vars:
+        for v in s.red_vars:  # merged loops (Note [Contiguous loops are merged]) give the same row-major index
             flat = kir.iadd(kir.imul(flat, v.args[1]), v)
         lines.append(ind + ARG_COMBINE[red.kind].format(acc=acc, v=value, idx=idx, i=body.emit(flat)))
     else:
@@ -434,11 +434,100 @@ def _render_stage(n: int, s: Stage, scope: _Scope, tile: Optional[_Blocks], arra
     scope.names[s.ref] = name
 
 
+# Note [Sibling stages share their loop]
+# BatchNorm's backward sums dy and dy * (x - mean) over the same (N, H, W) loops of the same tensors; rendered one
+# after the other, each stage loads dy (and recomputes the ReLU mask in front of it) in a loop of its own. Consecutive
+# stages of a kernel whose reduced loops have the same extents, none reading another's result, that all run in
+# lanes (Note [Reductions in lanes]: floating sum, max or min, no kept values) are rendered as one loop nest with one
+# set of accumulator lanes per stage: their bodies are written in the first stage's variables, so a load or a
+# value they share is computed once per element. Each stage's lanes, blocks, order of additions and tree are those it
+# has alone (the lane count depends on the stage's accumulator type and the loop's extent, not on its siblings), so
+# each result is bit-identical to the stage rendered alone. At most MAX_SIBLINGS stages share a loop, so their
+# accumulators stay in registers (4 x 4 AVX-512 registers of double lanes).
+MAX_SIBLINGS = 4
+
+
+def _lane_stage(s: Stage) -> Optional[str]:
+    """The accumulator type of stage ``s`` if it runs in lanes of that type outside a tile, else None."""
+    red = s.red
+    if red.kind not in ("sum", "max", "min") or not red.acc_dtype.is_floating_point or s.keep or not s.red_vars:
+        return None
+    at = "float" if _float_lanes(s, None) else ctype(red.acc_dtype)
+    return at if _lanes([at], s.red_vars[-1].args[1]) > 1 else None
+
+
+def _sibling_stages(k: Kernel, tile: Optional["_Blocks"]) -> List[List[int]]:
+    """The kernel's stages in order, in groups rendered in one loop (Note [Sibling stages share their loop])."""
+    groups: List[List[int]] = []
+    for n, s in enumerate(k.stages):
+        if groups and tile is None and len(groups[-1]) < MAX_SIBLINGS:
+            first = k.stages[groups[-1][0]]
+            at = _lane_stage(s)
+            if at is not None and all(_lane_stage(k.stages[m]) == at for m in groups[-1]) \
+                    and [v.args[1] for v in s.red_vars] == [v.args[1] for v in first.red_vars]:
+                inside = set(kir.walk(s.body))
+                if not any(k.stages[m].ref in inside for m in groups[-1]):
+                    groups[-1].append(n)
+                    continue
+        groups.append([n])
+    return groups
+
+
+def _render_siblings(group: List[tuple], scope: _Scope) -> None:
+    """Stages ``group`` ((n, stage) pairs) in one loop nest (Note [Sibling stages share their loop]); each result
+    ``red<n>`` becomes a name in ``scope``."""
+    lines, indent = scope.lines, scope.indent
+    first = group[0][1]
+    at = _lane_stage(first)
+    red_vars = first.red_vars
+    last = red_vars[-1]
+    blocks = _Blocks(scope.var_names[last], last.args[1], _lanes([at], last.args[1]))
+    elements = []
+    for n, s in group:
+        element = s.body.args[0] if at == "float" and s.red.acc_dtype != torch.float32 else s.body
+        elements.append(kir.substitute(element, dict(zip(s.red_vars, red_vars))) if s is not first else element)
+        lines.append(f"{indent}{at} acc{n}[{blocks.lanes}];")
+        lines.append(f"{indent}for (int64_t l = 0; l < {blocks.lanes}; ++l) acc{n}[l] = {INIT[s.red.kind](at)};")
+    ind = indent
+    for v in red_vars[:-1]:
+        lines.append(_loop(scope.var_names[v], v.args[1], ind))
+        ind += "  "
+    lines.extend(blocks.open(ind))
+    ind += "  "
+    masked = [n for n, s in group if blocks.masked and s.red.kind not in IDEMPOTENT]
+    lines.extend(f"{ind}{at} v{n}[{blocks.lanes}];" for n in masked)
+    lines.extend(blocks.lanes_loop(ind))
+    body = scope.child(ind + "  ")
+    for (n, s), element in zip(group, elements):
+        value = body.emit(element)
+        if n in masked:
+            lines.append(f"{ind}  v{n}[l] = {value};")
+        else:
+            lines.append(f"{ind}  " + COMBINE[s.red.kind].format(acc=f"acc{n}[l]", v=value))
+    lines.append(f"{ind}}}")
+    for n, s in group:
+        if n in masked:  # the lanes the block takes, as in _render_stage
+            combine = COMBINE[s.red.kind].format(acc=f"acc{n}[l]", v=f"({blocks.new()} ? v{n}[l] : "
+                                                                      f"{INIT[s.red.kind](at)})")
+            lines.extend([f"{ind}#pragma omp simd", f"{ind}for (int64_t l = 0; l < {blocks.lanes}; ++l) {combine}"])
+    while ind != indent:
+        ind = ind[:-2]
+        lines.append(ind + "}")
+    for n, s in group:
+        lines.append(f"{indent}for (int64_t w = {blocks.lanes // 2}; w > 0; w /= 2) {{")
+        lines.append(f"{indent}  #pragma omp simd")
+        lines.append(f"{indent}  for (int64_t l = 0; l < w; ++l) {{ "
+                     f"{COMBINE[s.red.kind].format(acc=f'acc{n}[l]', v=f'acc{n}[l + w]')} }}")
+        lines.append(f"{indent}}}")
+        lines.append(f"{indent}const {ctype(s.red.dtype)} red{n} = {_reduced(s, f'acc{n}[0]')};")
+        scope.names[s.ref] = f"red{n}"
+
+
 def _kept_arrays(n: int, s: Stage) -> List[tuple]:
     """(array name, size, value in the stage, value in the stores) of each value stage ``n`` keeps for the stores
     (Note [Stage values kept for the stores] in schedule/)."""
     size = 1
-    for v in s.red.red_vars:
+    for v in s.red_vars:
         size *= v.args[1]
     return [(f"keep{n}_{j}", size, e, m) for j, (e, m) in enumerate(s.keep)]
 
@@ -549,7 +638,7 @@ def render_kernel(k: Kernel) -> str:
     for i, v in enumerate(loops):
         var_names[v] = f"i{i}"
     for s in k.stages:
-        for j, v in enumerate(s.red.red_vars):
+        for j, v in enumerate(s.red_vars):
             var_names.setdefault(v, f"r{len(var_names)}_{j}")
     tile = None  # the blocks of the tiled loop (Note [Column reductions are tiled] in schedule/)
     if k.tile is not None:
@@ -567,8 +656,11 @@ def render_kernel(k: Kernel) -> str:
         depth += 1
     scope = scope.child(indent)
     arrays: Dict[Expr, str] = {}
-    for n, s in enumerate(k.stages):
-        _render_stage(n, s, scope, tile, arrays)
+    for group in _sibling_stages(k, tile):
+        if len(group) == 1:
+            _render_stage(group[0], k.stages[group[0]], scope, tile, arrays)
+        else:
+            _render_siblings([(n, k.stages[n]) for n in group], scope)
     split = _interleave(k)  # Note [Interleaved copies]
     step = split.args[1] // INTERLEAVE if split is not None else 0
     for i, v in enumerate(k.inner):

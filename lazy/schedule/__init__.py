@@ -31,30 +31,34 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..lower import kir
-from ..lower.graph import EXPENSIVE_OPS, Extern, Lowered, Store
+from ..lower.graph import EXPENSIVE_OPS, SHARED_INLINE_LIMIT, Extern, Lowered, Store
 from ..lower.kir import Expr
 
 
 @dataclass(frozen=True)
 class Limits:
     """What a backend can take: buffers per kernel, the work below which a kernel runs serially, and the bytes of
-    stage values it can keep per outer iteration (Note [Stage values kept for the stores]; 0: none)."""
+    stage values it can keep per outer iteration (Note [Stage values kept for the stores]; 0: none); ``coalesce``:
+    whether adjacent loops that move through memory as one are merged (Note [Contiguous loops are merged])."""
     max_buffers: int = 64
     parallel_threshold: int = 1 << 15
     keep_bytes: int = 0
+    coalesce: bool = False
 
 
 class Stage:
     """One reduction computed per outer iteration: ``ref`` (the reduce expression it defines) and ``body`` (its
-    element expression over the outer and its own reduction variables). ``keep``: values of the body that the stores
+    element expression over the outer and its own reduction variables ``red_vars``: the reduction's, or fewer where
+    contiguous ones are merged (Note [Contiguous loops are merged])). ``keep``: values of the body that the stores
     read again, as (the value in the stage's variables, the same value in the stores'), kept at ``keep_index``
     (the flat index over the stage's reduced variables, and the same over the kernel's inner ones) (Note [Stage
     values kept for the stores])."""
 
-    __slots__ = ("ref", "red", "body", "keep", "keep_index")
+    __slots__ = ("ref", "red", "body", "red_vars", "keep", "keep_index")
 
     def __init__(self, ref: Expr, red: kir.Reduction, body: Expr) -> None:
         self.ref, self.red, self.body = ref, red, body
+        self.red_vars: List[Expr] = list(red.red_vars)
         self.keep: List[Tuple[Expr, Expr]] = []
         self.keep_index: Optional[Tuple[Expr, Expr]] = None
 
@@ -105,7 +109,7 @@ class Schedule:
 
 def schedule(lowered: Lowered, limits: Limits = Limits()) -> Schedule:
     """The pipeline's fuse + plan passes (Note [Fusion by loop nest])."""
-    groups = _merge_horizontal(lowered.steps, limits)
+    groups = _share_reductions(_merge_horizontal(lowered.steps, limits), lowered)
     steps: List[Any] = []
     for g in groups:
         if isinstance(g, Extern):
@@ -142,6 +146,64 @@ def _merge_horizontal(steps: List[Any], limits: Limits) -> List[Any]:
                 continue
         out.append([step] if isinstance(step, Store) else step)
     return out
+
+
+# Note [Reductions shared by kernels are stored once]
+# Lowering inlines a value into each of its consumers unless it is shared by several graph nodes and costly
+# (lower/graph.py), but a decomposition's internal values are not nodes: batch_norm_backward's per-channel sums feed
+# its grad_input, and the same sums (one object, Note [Equal reductions are one object]) are its weight and bias
+# gradients. Each kernel that reads a reduction computes it as a stage, so the BatchNorm2d backward of the CNN in
+# tests/models.py ran its two sums over (N, H, W) once for grad_input and again in the gradients' kernel. Here, a
+# reduction whose result the stores of two or more kernels read, and that reduces more than SHARED_INLINE_LIMIT
+# elements, is stored once, by a kernel of its own placed before the first kernel that reads it, and those kernels
+# load it. The values are the same (the same stage code computes them) and a cheap reduction is still recomputed.
+def _share_reductions(groups: List[Any], lowered: Lowered) -> List[Any]:
+    """``groups`` with each costly reduction read by several of them stored once (Note [Reductions shared by
+    kernels are stored once])."""
+    users: Dict[kir.Reduction, List[int]] = {}
+    for g, group in enumerate(groups):
+        if isinstance(group, Extern):
+            continue
+        found = {e.args[0] for st in group for e in kir.walk(st.expr) if e.op == "reduce"}
+        for red in found:
+            users.setdefault(red, []).append(g)
+    shared = {red: gs for red, gs in users.items() if len(gs) > 1 and _size(red.red_shape) > SHARED_INLINE_LIMIT}
+    if not shared:
+        return groups
+    before: Dict[int, List[Store]] = {}
+    stored: Dict[kir.Reduction, kir.Buffer] = {}
+    for red, gs in shared.items():
+        buf = lowered.buffer(red.out_shape, red.dtype)
+        stored[red] = buf
+        before.setdefault(gs[0], []).append(Store(buf, red.out_vars, kir.reduce_ref(red, red.out_vars)))
+    out: List[Any] = []
+    for g, group in enumerate(groups):
+        by_shape: Dict[tuple, List[Store]] = {}  # one kernel per shape: sums over the same loops run side by side
+        for st in before.get(g, ()):
+            by_shape.setdefault(st.buffer.shape, []).append(st)
+        out.extend(by_shape.values())
+        if isinstance(group, Extern):
+            out.append(group)
+            continue
+        out.append([Store(st.buffer, st.vars, _load_stored(st.expr, stored)) for st in group])
+    return out
+
+
+def _size(shape: Any) -> int:
+    n = 1
+    for k in shape:
+        n *= k
+    return n
+
+
+def _load_stored(root: Expr, stored: Dict[kir.Reduction, kir.Buffer]) -> Expr:
+    """``root`` with each reduce of a reduction in ``stored`` replaced by a load of its buffer."""
+    mapping: Dict[Expr, Expr] = {}
+    for e in kir.walk(root):
+        if e.op == "reduce" and e.args[0] in stored:
+            index = [kir.substitute(i, mapping) if mapping else i for i in e.args[1]]
+            mapping[e] = kir.load(stored[e.args[0]], index)
+    return kir.substitute(root, mapping) if mapping else root
 
 
 def _kernel(name: str, group: List[Store], limits: Limits) -> Kernel:
@@ -198,6 +260,8 @@ def _kernel(name: str, group: List[Store], limits: Limits) -> Kernel:
         outer = [v for v in outer if v is not tile] + [tile]
     else:
         _keep(stages, inner, [e for _, e in values], limits.keep_bytes)
+        if limits.coalesce:
+            inner, stores = _coalesce_kernel(stages, inner, stores)
     first = (outer or inner)
     parallel = work >= limits.parallel_threshold and bool(first) and first[0].args[1] > 1
     return Kernel(name, outer, inner, stages, stores, work, parallel, tile)
@@ -237,6 +301,68 @@ def _keep(stages: List[Stage], inner: List[Expr], stores: List[Expr], limit: int
             continue
         s.keep, s.keep_index = keep, (_flat(red), _flat(inner))
         limit -= n * sum(e.dtype.itemsize for e, _ in keep)
+
+
+# Note [Contiguous loops are merged]
+# A loop nest keeps the dims of the tensors it reads, and the innermost dim is often short: a reduction over (N, H,
+# W) of an NCHW tensor (BatchNorm's statistics and gradients) runs loops of N, H and W = 12 elements, though H and W
+# are one run of H * W contiguous elements. g++ unrolls a 12-iteration loop completely and then does not vectorize
+# it, and a reduction in lanes (codegen/cpp.py) rounds its blocks to the innermost extent (8 lanes and a shifted
+# block for 12). Where two adjacent loops a, b (b inner, extent E) move every index they read or write as one loop
+# does (the stride of a is E times the stride of b in each), they are replaced by one loop m of their combined
+# extent, with a = m // E and b = m % E substituted: the index arithmetic folds back to affine indices in m
+# (kir._fold_divmod), and the iterations run in the same order, so every value and every sum is what it was. A
+# merge whose indices do not fold is not made. For the stages' own loops, and for the inner loops of a kernel
+# (not where a stage keeps values for the stores: Note [Stage values kept for the stores], indexed by the inner
+# loops). A backend asks for it (``Limits.coalesce``); Triton's kernels shape their blocks from the loops as they are.
+def _indices(root: Expr) -> List[Expr]:
+    return [e.args[1] for e in kir.walk(root) if e.op == "load"]
+
+
+def _coalesce(vs: List[Expr], indices: List[Expr]) -> Tuple[List[Expr], Dict[Expr, Expr]]:
+    """(loops, substitution): ``vs`` with adjacent loops merged where every index in ``indices`` moves as one loop
+    through them (Note [Contiguous loops are merged])."""
+    vs = list(vs)
+    mapping: Dict[Expr, Expr] = {}
+    i = len(vs) - 2
+    while i >= 0:
+        a, b = vs[i], vs[i + 1]
+        extent = b.args[1]
+        ok = bool(indices)
+        for idx in indices:
+            sa, sb = _stride(idx, a), _stride(idx, b)
+            if sa is None or sb is None or sa != extent * sb:
+                ok = False
+                break
+        if ok:
+            m = kir.var(f"{a.args[0]}_{b.args[0]}", a.args[1] * extent)
+            step = {a: kir.ifloordiv(m, extent), b: kir.imod(m, extent)}
+            merged = [kir.substitute(idx, step) for idx in indices]
+            if all(_stride(idx, m) is not None for idx in merged):
+                indices = merged
+                mapping = {k: kir.substitute(v, step) for k, v in mapping.items()}
+                mapping.update(step)
+                vs[i:i + 2] = [m]
+        i -= 1
+    return vs, mapping
+
+
+def _coalesce_kernel(stages: List[Stage], inner: List[Expr], stores: List[tuple]) -> Tuple[List[Expr], List[tuple]]:
+    """Merge the contiguous loops of ``stages`` and the inner loops of ``stores`` (Note [Contiguous loops are
+    merged]); returns the inner loops and the stores."""
+    for s in stages:
+        if s.keep or len(s.red_vars) < 2:
+            continue
+        s.red_vars, mapping = _coalesce(s.red_vars, _indices(s.body))
+        if mapping:
+            s.body = kir.substitute(s.body, mapping)
+    if len(inner) < 2 or any(s.keep for s in stages):
+        return inner, stores
+    indices = [i for buf, idx, e in stores for i in [idx] + _indices(e)]
+    inner, mapping = _coalesce(inner, indices)
+    if not mapping:
+        return inner, stores
+    return inner, [(buf, kir.substitute(idx, mapping), kir.substitute(e, mapping)) for buf, idx, e in stores]
 
 
 def _flat(vs: List[Expr]) -> Expr:
