@@ -380,6 +380,26 @@ def test_index_arithmetic_splits_by_common_divisor():
                      x.reshape(2, 12, 10).log_softmax(2).reshape(24, 10)[3:17:2] + 1], x)
 
 
+def test_index_arithmetic_folds_nested_divisions():
+    # Note [Nested divisions]: flatten(1) of a [32, 8, 4, 4] tensor unravels the flat index of a [32, 128] loop nest
+    # into (n, c, h, w) by divisions and remainders; folded, the view is the identity again
+    from lazy.lower import kir
+    i, j = kir.var("i", 32), kir.var("j", 128)
+    flat = kir.iadd(kir.imul(i, 128), j)
+    assert kir.ifloordiv(flat, 16) is kir.iadd(kir.imul(i, 8), kir.ifloordiv(j, 16))
+    assert kir.ifloordiv(kir.ifloordiv(j, 4), 4) is kir.ifloordiv(j, 16)
+    parts = [(kir.ifloordiv(flat, 128), 128), (kir.imod(kir.ifloordiv(flat, 16), 8), 16),
+             (kir.imod(kir.ifloordiv(flat, 4), 4), 4), (kir.imod(flat, 4), 1)]
+    index = kir.const(0, kir.INDEX)
+    for e, k in parts:
+        index = kir.iadd(index, kir.imul(e, k))
+    assert index is flat
+    # not where a part can be negative (the renderers divide truncating)
+    assert kir.ifloordiv(kir.iadd(flat, kir.const(-5, kir.INDEX)), 16).op == "ifloordiv"
+    x = torch.randn(6, 8, 4, 4)
+    check(lambda x: [x.relu().flatten(1) * 2, x.flatten(1).sum(1), x.reshape(6, 2, 64).softmax(2).flatten(1)], x)
+
+
 def _kernel_stores(sched_text: str) -> int:
     return sched_text.count(" store ")
 

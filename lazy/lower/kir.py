@@ -212,6 +212,14 @@ def _fold_divmod(terms: Dict[Expr, int]) -> Dict[Expr, int]:
             continue
         a, k = f.args[0], f.args[1].args[0]
         for m, cm in list(terms.items()):
+            if m.op == "imod" and m.args[0].op == "ifloordiv" and m.args[0].args[0] is a \
+                    and m.args[0].args[1].args[0] * m.args[1].args[0] == k and cf == cm * m.args[1].args[0]:
+                # k*m*(a // k) + m*((a // p) % (k/p)) -> m*(a // p): a flattened view's index (Note [Nested
+                # divisions] in ifloordiv), then folded on by the rule below
+                terms = dict(terms)
+                del terms[f], terms[m]
+                terms[m.args[0]] = terms.get(m.args[0], 0) + cm
+                return _fold_divmod({x: v for x, v in terms.items() if v})
             if m.op == "imod" and m.args[0] is a and m.args[1].args[0] == k and cf == cm * k:
                 terms = dict(terms)
                 del terms[f], terms[m]
@@ -300,6 +308,19 @@ def ifloordiv(a: Expr, k: int) -> Expr:
     if split is not None:  # (g*A + s) // k == A // (k/g) when g | k and 0 <= s < g
         big, _, g = split
         return ifloordiv(big, k // g)
+    # Note [Nested divisions]
+    # Unravelling a flat index (a view of a reshape: flatten(1) of an NCHW tensor) divides (k*K + R) by k and by
+    # multiples of k. Where both K and R are never negative (so the renderers' truncating division is floor
+    # division), (k*K + R) // k == K + R // k and (R // p) // q == R // (p*q): the quotient keeps its own loop
+    # variables, and _fold_divmod can put the parts of R back together (k*(R // k) + R % k == R), so a view that
+    # only regroups dims loads at an affine index again, which the loops vectorize.
+    if keep:
+        small = _build({x: v for x, v in t.items() if v % k}, c)
+        whole = _build(keep, 0)
+        if bounds(small)[0] >= 0 and bounds(whole)[0] >= 0:
+            return iadd(whole, ifloordiv(small, k))
+    if a.op == "ifloordiv" and bounds(a.args[0])[0] >= 0:
+        return ifloordiv(a.args[0], a.args[1].args[0] * k)
     return mk("ifloordiv", INDEX, a, const(k, INDEX))
 
 
