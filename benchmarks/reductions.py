@@ -1,6 +1,7 @@
 """Row and column reductions: lazy (cpp backend) vs eager vs torch.compile, measured side by side in one run.
 
-For each workload (softmax and var over the last dim, layer_norm forward, sum over dim 0 and over dim 1) and size,
+For each workload (softmax and var over the last dim, layer_norm forward, sum over dim 0 and over dim 1, and sum over
+dims (0, 2, 3) of the input viewed as NCHW with C=64, H=16, W=32: BatchNorm's per-channel reductions) and size,
 prints the fastest of ``--reps`` calls of: lazy's step (record + mark_step + the cached compiled run), lazy's
 cached run alone (``Program.run`` on the graph's leaves, no recording or cache lookup), eager, and a cached
 ``torch.compile``; then the ratios and the load average (the box is shared). Results are checked against eager.
@@ -54,6 +55,7 @@ WORKLOADS = {
     "layer_norm": _layer_norm,
     "sum0": lambda x, w, b: x.sum(0),
     "sum1": lambda x, w, b: x.sum(1),
+    "sum023": lambda x, w, b: x.view(-1, 64, 16, 32).sum((0, 2, 3)),
     "var": lambda x, w, b: x.var(-1),
 }
 

@@ -1,4 +1,5 @@
 """The C++ renderer and runtime: templates, serial/parallel paths, runtime scalars, fallback on failure."""
+import re
 import warnings
 
 import pytest
@@ -377,3 +378,22 @@ def test_sums_over_outer_dims_match_eager():
         torch.testing.assert_close(x.to("lazy").sum(0).cpu(), x.sum(0))
         y = torch.randn(37, 301, dtype=dtype)
         torch.testing.assert_close(y.to("lazy").sum(0).cpu(), y.sum(0))
+
+
+def test_invariant_values_are_computed_before_the_inner_loops():
+    """Note [Invariant values are computed before the inner loops]: BatchNorm's grad_input behind a ReLU mask reads
+    weight, mean and invstd per channel; they are loaded once per channel, outside the loops over (N, H, W)."""
+    torch.manual_seed(0)
+
+    def fn(g, y, x, w, m, s):
+        dy = torch.where(y.relu() <= 0, 0.0, g)
+        return torch.ops.aten.native_batch_norm_backward(dy, x, w, None, None, m, s, True, 1e-5,
+                                                         [True, False, False])[0]
+
+    ins = [torch.randn(5, 3, 7, 9) for _ in range(3)] + [torch.randn(3), torch.randn(3), torch.rand(3) + 0.5]
+    got = fn(*[t.to("lazy") for t in ins]).cpu()
+    torch.testing.assert_close(got, fn(*ins))
+    src = graph_cache.latest().source
+    store_loop = src[src.rindex("#pragma GCC ivdep"):]
+    store_loop = store_loop[:store_loop.index("\n}\n")]
+    assert "b0[" in store_loop and not re.search(r"b\d+\[i0\]", store_loop), store_loop

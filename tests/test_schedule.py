@@ -285,4 +285,6 @@ def test_contiguous_loops_are_merged():
     assert program.kernel_ir.splitlines()[0].count("<") == 1 and "<945]" in program.kernel_ir.splitlines()[0]
     _, _, program = run(lambda x: x.transpose(2, 3) * 2 + 1, x)
     assert program.kernel_ir.splitlines()[0].count("<") == 3, program.kernel_ir
+    _, _, program = run(lambda w: w * 0.9 + 0.1, torch.randn(6, 1, 3, 3))  # a loop of one iteration is dropped
+    assert program.kernel_ir.splitlines()[0].count("<") == 1 and "<54]" in program.kernel_ir.splitlines()[0]
     torch.testing.assert_close(x.sum(0).to("lazy").cpu(), x.sum(0))

@@ -300,7 +300,7 @@ def _extern(out: Lowered, fn: Any, args: tuple, kwargs: tuple, ins: List[Any], s
 
 def _as_recorded(result: Any, node: Node) -> Any:
     """``result`` with the dtypes the recorder gave the node: a float16/bfloat16 node computed in float32 is cast
-    back (rounded once, Note [Half precision] in codegen/cpp.py), and where a decomposition (written against the
+    back (rounded once, Note [Half precision] in codegen/cpp_expr.py), and where a decomposition (written against the
     meta kernels) disagrees with eager CPU, eager wins (norm statistics of half inputs, trace/meta.py)."""
     def fix(v: Any, meta: Any) -> Any:
         if not isinstance(v, TVal) or meta is None or v.dtype is meta[1] or tuple(v.shape) != tuple(meta[0]):

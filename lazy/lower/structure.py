@@ -141,7 +141,7 @@ def reduce(kind: str, x: TVal, dims: List[int], keepdim: bool, out: torch.dtype,
         acc = out
     elif out.is_floating_point:
         # NOTE: float sums accumulate in double: sound without pairwise summation (short ones: Note [Short float sums
-        # in float lanes] in codegen/cpp.py)
+        # in float lanes] in codegen/cpp_stages.py)
         acc = torch.float64
     else:
         acc = torch.int64

@@ -22,7 +22,7 @@ loop, bit for bit. This is a loop-order decision over the kernel IR's index maps
 because every backend needs it (Triton: the tile is the block of outputs a program holds, with a loop over the
 reduced dim inside; C++: a block of lanes); how many indices a block holds is the backend's choice. A reduction
 whose reduced loop is contiguous (a row sum, softmax) is not tiled: how to vectorize a reduction along its own loop
-without reassociating it is a backend matter (codegen/cpp.py, Note [Reductions in lanes]; Triton reduces a block
+without reassociating it is a backend matter (codegen/cpp_stages.py, Note [Reductions in lanes]; Triton reduces a block
 in a tree of its own).
 """
 from __future__ import annotations
@@ -304,17 +304,18 @@ def _keep(stages: List[Stage], inner: List[Expr], stores: List[Expr], limit: int
 
 
 # Note [Contiguous loops are merged]
-# A loop nest keeps the dims of the tensors it reads, and the innermost dim is often short: a reduction over (N, H,
-# W) of an NCHW tensor (BatchNorm's statistics and gradients) runs loops of N, H and W = 12 elements, though H and W
-# are one run of H * W contiguous elements. g++ unrolls a 12-iteration loop completely and then does not vectorize
-# it, and a reduction in lanes (codegen/cpp.py) rounds its blocks to the innermost extent (8 lanes and a shifted
-# block for 12). Where two adjacent loops a, b (b inner, extent E) move every index they read or write as one loop
-# does (the stride of a is E times the stride of b in each), they are replaced by one loop m of their combined
-# extent, with a = m // E and b = m % E substituted: the index arithmetic folds back to affine indices in m
-# (kir._fold_divmod), and the iterations run in the same order, so every value and every sum is what it was. A
-# merge whose indices do not fold is not made. For the stages' own loops, and for the inner loops of a kernel
-# (not where a stage keeps values for the stores: Note [Stage values kept for the stores], indexed by the inner
-# loops). A backend asks for it (``Limits.coalesce``); Triton's kernels shape their blocks from the loops as they are.
+# A loop nest keeps the dims of the tensors it reads, and the innermost dim is often short: a reduction over (N, H, W)
+# of an NCHW tensor (BatchNorm's statistics and gradients) runs loops of N, H and W = 12 elements, though H and W are
+# one run of H * W contiguous elements. A 12-iteration loop fills less than one vector of 16 floats per pass, and a
+# reduction in lanes (codegen/cpp_stages.py) rounds its blocks to the innermost extent (8 lanes, then a shifted block
+# that computes 4 of them again). Where two adjacent loops a, b (b inner, extent E) move every index they read or
+# write as one loop does (the stride of a is E times the stride of b in each), they are replaced by one loop m of
+# their combined extent, with a = m // E and b = m % E substituted: the index arithmetic folds back to affine indices
+# in m (kir._fold_divmod), and the iterations run in the same order, so every value and every sum is what it was. A
+# merge whose indices do not fold is not made; a loop of one iteration is dropped (its variable is 0). For the stages'
+# own loops, and for the inner loops of a kernel (not where a stage keeps values for the stores: Note [Stage values
+# kept for the stores], indexed by the inner loops). A backend asks for it (``Limits.coalesce``); Triton's kernels
+# shape their blocks from the loops as they are.
 def _indices(root: Expr) -> List[Expr]:
     return [e.args[1] for e in kir.walk(root) if e.op == "load"]
 
@@ -322,8 +323,11 @@ def _indices(root: Expr) -> List[Expr]:
 def _coalesce(vs: List[Expr], indices: List[Expr]) -> Tuple[List[Expr], Dict[Expr, Expr]]:
     """(loops, substitution): ``vs`` with adjacent loops merged where every index in ``indices`` moves as one loop
     through them (Note [Contiguous loops are merged])."""
-    vs = list(vs)
-    mapping: Dict[Expr, Expr] = {}
+    mapping: Dict[Expr, Expr] = {v: kir.const(0, kir.INDEX) for v in vs if v.args[1] == 1}
+    vs = [v for v in vs if v not in mapping] or list(vs[-1:])  # a loop of one iteration is no loop
+    mapping.pop(vs[-1], None)
+    if mapping:
+        indices = [kir.substitute(idx, mapping) for idx in indices]
     i = len(vs) - 2
     while i >= 0:
         a, b = vs[i], vs[i + 1]
