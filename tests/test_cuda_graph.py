@@ -157,3 +157,28 @@ def test_which_programs_a_graph_can_replay():
     assert ungraphable(program("aten.mm.default", "unseeded[aten._scaled_dot_product_efficient_attention]")) is None
     assert "seeded[aten.native_dropout" in ungraphable(program("aten.mm.default", "seeded[aten.native_dropout]"))
     assert "c10d_all_reduce" in ungraphable(program("lazy.c10d_all_reduce"))
+
+
+def test_a_replay_overwrites_static_memory_only_when_nothing_else_reads_it():
+    """Note [CUDA-graph replay]: the reference-count check behind ``cuda_graph.unsafe_runs``, without a GPU: a data
+    leaf bound to static memory may be overwritten while only its storage holds it, not while recorded IR does."""
+    from types import SimpleNamespace
+
+    from lazy.runtime.cuda_graph import GraphedProgram
+
+    static = torch.zeros(4)
+    graphed = GraphedProgram(SimpleNamespace(externs_by_op={}), {}, {0}, [False])
+    graphed.static_ids = {id(static)}
+    p = torch.ones(4, device="lazy")
+    lazy.mark_step()
+    st = p._lz_st
+    st.value = graphed.bind(st, static)
+    assert graphed._overwritable()  # bound to its storage only
+    st.value = graphed.bind(st, static)
+    reader = p * 2  # recorded, not run: it reads the leaf over static memory
+    assert not graphed._overwritable()
+    del reader
+    assert graphed._overwritable()
+    st.value = graphed.bind(st, static)
+    st.value = graphed.bind(st, torch.zeros(4))  # the storage moved on (a run without the graph): not remembered
+    assert len(graphed.outstanding) == 1 and graphed._overwritable() and not graphed.outstanding
