@@ -21,6 +21,7 @@ type (float32 for float32 and half inputs: eager's CUDA kernels do the same), no
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -73,12 +74,6 @@ def _pow2(n: int) -> int:
         p *= 2
     return p
 
-
-def _prod(xs: Sequence[int]) -> int:
-    n = 1
-    for x in xs:
-        n *= x
-    return n
 
 
 class _Scope:
@@ -259,7 +254,7 @@ def _scalars(roots: List[Expr]) -> Dict[int, bool]:
 
 
 def _index_type(k: Kernel) -> str:
-    big = max([_prod(b.shape) for b in k.buffers()] + [k.work, 1])
+    big = max([math.prod(b.shape) for b in k.buffers()] + [k.work, 1])
     return "tl.int64" if big >= (1 << 31) - POINTWISE_BLOCK * 4 else "tl.int32"
 
 
@@ -295,7 +290,7 @@ def render_kernel(k: Kernel, memory: bool = False) -> Tuple[str, Launch]:
 
 def _render_pointwise(k: Kernel, lines: List[str], itype: str) -> Tuple[int, int]:
     loops = k.outer + k.inner
-    n = _prod(v.args[1] for v in loops)
+    n = math.prod(v.args[1] for v in loops)
     block = min(POINTWISE_BLOCK, _pow2(max(n, 1)))
     lines.append(f"    xindex = tl.program_id(0).to({itype}) * {block} + tl.arange(0, {block}).to({itype})")
     lines.append(f"    xmask = xindex < {n}")
@@ -344,15 +339,15 @@ def _init(kind: str, dtype: torch.dtype) -> str:
 
 
 def _render_reduction(k: Kernel, lines: List[str], itype: str) -> Tuple[int, int]:
-    outer_n = _prod(v.args[1] for v in k.outer)
-    inner_n = _prod(v.args[1] for v in k.inner)
-    red_ns = [_prod(s.red.red_shape) for s in k.stages]
+    outer_n = math.prod(v.args[1] for v in k.outer)
+    inner_n = math.prod(v.args[1] for v in k.inner)
+    red_ns = [math.prod(s.red.red_shape) for s in k.stages]
     longest = max(red_ns + [inner_n, 1])
     persistent = k.tile is None and _pow2(longest) <= PERSISTENT_ELEMS
     if persistent:
         xblock = max(1, min(_pow2(max(outer_n, 1)), 4096 // _pow2(longest)))
     elif k.tile is not None:
-        xblock = min(TILE_XBLOCK, _pow2(max(outer_n, 1)))
+        xblock = _tile_xblock(outer_n)
     else:
         xblock = 1
     ind = "    "
@@ -394,6 +389,11 @@ def _render_reduction(k: Kernel, lines: List[str], itype: str) -> Tuple[int, int
         for buf, idx, e in k.stores:
             _store(loop, buf, idx, e, "izero", "imask")
     return -(-max(outer_n, 1) // xblock), _warps(elems)
+
+
+def _tile_xblock(outputs: int) -> int:
+    """The outputs a program of a tiled kernel holds (Note [Column reductions are tiled])."""
+    return min(TILE_XBLOCK, _pow2(max(outputs, 1)))
 
 
 def _index_block(lines: List[str], ind: str, prefix: str, vs: Sequence[Expr], n: int, block: int, itype: str,
@@ -520,20 +520,20 @@ def split_reductions(sched: Schedule) -> Schedule:
 
 def _chunks(k: Kernel, counts: List[int]) -> int:
     """How many chunks each row of ``k`` splits into (Note [Split reductions]); 0: it does not split."""
-    rows = _prod(v.args[1] for v in k.outer)
+    rows = math.prod(v.args[1] for v in k.outer)
     if k.tile is None:
         if rows > SPLIT_MAX_ROWS or max(counts) < SPLIT_MIN_ELEMS:
             return 0
         return min(SPLIT_MAX, -(-max(counts) // SPLIT_CHUNK))
-    programs = -(-rows // min(TILE_XBLOCK, _pow2(max(rows, 1))))
+    programs = -(-rows // _tile_xblock(rows))
     if programs > SPLIT_TILED_PROGRAMS or max(counts) < SPLIT_TILED_MIN:
         return 0
     return min(SPLIT_MAX, max(counts) // SPLIT_TILED_CHUNK, -(-SPLIT_TILED_TARGET // programs))
 
 
 def _split(k: Kernel, lowered: object) -> Optional[List[Kernel]]:
-    counts = [_prod(s.red.red_shape) for s in k.stages]
-    if not k.stages or _prod(v.args[1] for v in k.inner) > PERSISTENT_ELEMS:
+    counts = [math.prod(s.red.red_shape) for s in k.stages]
+    if not k.stages or math.prod(v.args[1] for v in k.inner) > PERSISTENT_ELEMS:
         return None
     if any(s.red.kind not in ("sum", "prod", "max", "min") or _acc_dtype(s)[1] is torch.bool
            or any(e.op == "reduce" for e in kir.walk(s.body)) for s in k.stages):

@@ -21,6 +21,7 @@ then reads no result of an earlier step that its inputs do not reach.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
@@ -222,16 +223,10 @@ def _emit(op: Op, x: LazyTensor, shape: Tuple[int, ...], kwargs: tuple, what: st
     token = _token()
     ins = (record._value(x),) if token is None else (record._value(x), token)
     node = Node(op, (TENSOR,) * len(ins), kwargs, ins, (), shape, x.dtype)
-    out = new_tensor((shape, contiguous_stride(shape), 0, x.dtype), node, _numel(shape))
+    out = new_tensor((shape, contiguous_stride(shape), 0, x.dtype), node, math.prod(shape))
     _LAST[0] = out
     return out
 
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _group_size(group: str) -> int:
@@ -303,7 +298,7 @@ def all_reduce_coalesced(xs: Sequence[LazyTensor], reduce: str, group: str) -> L
     metas = tuple((tuple(x.shape), x.dtype) for x in xs)
     node = Node(ALL_REDUCE_COALESCED, (TENSOR,) * len(ins), (("group", group), ("reduce", reduce), ("count", len(xs))),
                 ins, (), None, None, metas)
-    outs = [new_tensor((shape, contiguous_stride(shape), 0, dtype), getitem(node, i), _numel(shape))
+    outs = [new_tensor((shape, contiguous_stride(shape), 0, dtype), getitem(node, i), math.prod(shape))
             for i, (shape, dtype) in enumerate(metas)]
     _LAST[0] = outs[-1]
     return outs

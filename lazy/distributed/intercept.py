@@ -197,13 +197,18 @@ def _f_broadcast_(func: Any, args: tuple, kwargs: dict) -> Any:
     return x
 
 
+def _into_out(a: dict, out: Any, what: str) -> Any:
+    """An out= variant writes its result into ``out``; a functional one returns it."""
+    if "out" in a:
+        C.write(a["out"], out, what)
+        return a["out"]
+    return out
+
+
 def _f_all_gather(func: Any, args: tuple, kwargs: dict) -> Any:
     a = _bind(func, args, kwargs)
     out = C.all_gather(C.check_lazy(a["input"], "all_gather_into_tensor"), a["group_name"])
-    if "out" in a:
-        C.write(a["out"], out, "all_gather_into_tensor_out")
-        return a["out"]
-    return out
+    return _into_out(a, out, "all_gather_into_tensor_out")
 
 
 def _f_all_gather_coalesced(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -215,10 +220,7 @@ def _f_reduce_scatter(func: Any, args: tuple, kwargs: dict) -> Any:
     a = _bind(func, args, kwargs)
     out = C.reduce_scatter(C.check_lazy(a["input"], "reduce_scatter_tensor"), C.reduce_name(a["reduce_op"]),
                            a["group_name"])
-    if "out" in a:
-        C.write(a["out"], out, "reduce_scatter_tensor_out")
-        return a["out"]
-    return out
+    return _into_out(a, out, "reduce_scatter_tensor_out")
 
 
 def _f_reduce_scatter_coalesced(func: Any, args: tuple, kwargs: dict) -> Any:

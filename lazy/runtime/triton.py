@@ -185,7 +185,7 @@ class Program:
         return True
 
     def run(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any]) -> List[torch.Tensor]:
-        if self._bound is None and (self.steps is None or not self._ready()):
+        if not self.ready():
             return self._fallback.run(leaves, scalars)
         self.load_scalars(scalars)
         return self.launch(leaves, scalars)

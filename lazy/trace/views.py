@@ -7,6 +7,7 @@ the whole storage, which is always correct.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, Optional
 
 import torch
@@ -178,9 +179,9 @@ def as_strided_chain(desc: tuple, st: Storage) -> tuple:
     layout-aware as_strided step."""
     shape, stride, offset, dtype = desc
     base = st.value
-    n = _numel(shape)
+    n = math.prod(shape)
     flat = (st.numel,)
-    if dtype != base.dtype or n == 0 or offset + n > st.numel or _numel(base.shape) != st.numel or \
+    if dtype != base.dtype or n == 0 or offset + n > st.numel or math.prod(base.shape) != st.numel or \
             not _dense(base.shape, st.stride) or not _dense(shape, stride):
         return (as_strided_step(desc, st),)
     steps = []
@@ -192,12 +193,6 @@ def as_strided_chain(desc: tuple, st: Storage) -> tuple:
         steps.append(ViewStep(aten.view.default, (TENSOR, tuple(shape)), (), tuple(shape), dtype))
     return tuple(steps)
 
-
-def _numel(shape: tuple) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _dense(shape: tuple, stride: tuple) -> bool:
