@@ -45,47 +45,59 @@ def _kinds(func, args, kwargs):
     d = describe(func)
     schema = {a.name: a for a in func._schema.arguments}
     positional = [a for a in func._schema.arguments if not a.kwarg_only]
-    pos = [(d.kinds[i] if i < len(d.kinds) else STATIC, _default(positional[i]) if i < len(positional) else None, v)
+    pos = [(d.kinds[i] if i < len(d.kinds) else STATIC, _default(positional[i]) if i < len(positional) else None, v,
+            positional[i].name if i < len(positional) else "")
            for i, v in enumerate(args)]
-    return pos, [(d.kw_kinds.get(k, STATIC), _default(schema.get(k)), v) for k, v in kwargs.items()]
+    return pos, [(d.kw_kinds.get(k, STATIC), _default(schema.get(k)), v, k) for k, v in kwargs.items()]
 
 
 def _default(arg):
     return arg.default_value if arg is not None and arg.has_default_value() else None
 
 
-def _map_scalars(v, kind, default, fn, counter):
-    """``v`` with every runtime number replaced by ``fn(number, k)``, k counting them across the call."""
+def _map_scalars(v, kind, default, name, fn, counter):
+    """``v`` with every runtime number replaced by ``fn(number, k, name)``, k counting them across the call."""
     if kind == STATIC:
         return v
     if type(v) in NUMBERS:
         counter[0] += 1
-        new = fn(v, counter[0] - 1)
+        new = fn(v, counter[0] - 1, name)
         # NOTE: never the parameter's default: the dispatcher leaves out trailing arguments equal to their defaults,
         # which is another graph (a new signature), not the cached run this is for.
-        return new if new != default or new == v else fn(new, counter[0] - 1)
+        return new if new != default or new == v else fn(new, counter[0] - 1, name)
     if type(v) in (list, tuple):
-        return type(v)(_map_scalars(x, kind, None, fn, counter) for x in v)
+        return type(v)(_map_scalars(x, kind, None, name, fn, counter) for x in v)
     return v
 
 
 def map_scalars(func, args, kwargs, fn):
     pos, kw = _kinds(func, args, kwargs)
     counter = [0]
-    new_args = tuple(_map_scalars(v, k, d, fn, counter) for k, d, v in pos)
-    new_kwargs = {name: _map_scalars(v, k, d, fn, counter) for name, (k, d, v) in zip(kwargs, kw)}
+    new_args = tuple(_map_scalars(v, k, d, n, fn, counter) for k, d, v, n in pos)
+    new_kwargs = {name: _map_scalars(v, k, d, n, fn, counter) for name, (k, d, v, n) in zip(kwargs, kw)}
     return new_args, new_kwargs, counter[0]
 
 
-def other_value(v, k):
+def _is_resize_scale(name):
+    """The scale factors of the upsample ops (``scales_h``, ``scale_factors``...)."""
+    return name.startswith("scale") and name != "scale"
+
+
+def other_value(v, k, name=""):
     """Another value of the same type, different for each position k (so that two swapped scalars never agree), and
-    within the ranges ops ask for ([0, 1] probabilities stay there, signs and orders are kept)."""
+    within the ranges ops ask for ([0, 1] probabilities stay there, signs and orders are kept).
+
+    NOTE: an upsample's scale factors only grow. A factor given with an output size maps output pixels onto input
+    ones; a smaller one than the sizes imply maps the last pixels past the input, and ATen's antialiased kernels then
+    read past the input's memory (with zero weights: eager's result depends on what lies there, NaN included)."""
     if type(v) is bool:
         return not v
     if type(v) is int:
         return v + k + 1 if v >= 0 else v - k - 1
     if type(v) is float:
-        return v * 0.75 + 0.0625 * (k + 1) if math.isfinite(v) else v
+        if not math.isfinite(v):
+            return v
+        return v * 1.25 + 0.0625 * (k + 1) if _is_resize_scale(name) else v * 0.75 + 0.0625 * (k + 1)
     return v * 0.75 + 0.0625j * (k + 1)
 
 
@@ -126,7 +138,7 @@ class _Collect(TorchDispatchMode):
         if isinstance(func, torch._ops.OpOverload) and func.namespace == "aten" and _returns_tensors(func):
             desc = describe(func)
             if not (desc.data_dependent or desc.dynamic_shape) and (
-                    desc.random or map_scalars(func, args, kwargs, lambda v, k: v)[2]):
+                    desc.random or map_scalars(func, args, kwargs, lambda v, k, name: v)[2]):
                 key = (func, _signature(args), _signature(tuple(kwargs.items())))
                 if key not in self.calls:
                     # NOTE: inside a mode's handler the mode is off: .cpu() here is lazy's own sync
@@ -353,7 +365,9 @@ def filled(func, args, kwargs):
 
 def _value_for(arg, k):
     default = arg.default_value if arg.has_default_value() else None
-    return other_value(default, k + 7) if type(default) in NUMBERS else 0.5 + 0.25 * k
+    if type(default) in NUMBERS:
+        return other_value(default, k + 7, arg.name)
+    return (2.0 if _is_resize_scale(arg.name) else 0.5) + 0.25 * k  # upsample scales: see other_value
 
 
 def _executed_ops(func):
