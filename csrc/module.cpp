@@ -60,7 +60,7 @@ PyMethodDef methods[] = {
     {"next_node_serial", next_node_serial, METH_NOARGS, "The serial the next Node will get."},
     {"signatures", signatures, METH_NOARGS, "The table of interned node signatures."},
     {"guard_program", FASTCALL(lazy::guard_program), METH_FASTCALL,
-     "guard_program(instructions, nregs, lazy_type): an entry's guards as a C program (csrc/capture_guards.cpp)."},
+     "guard_program(instructions, nregs, lazy_type, module_type): an entry's guards as a C program (csrc/capture_guards.cpp)."},
     {"capture_hook_supported", lazy::capture_hook_supported, METH_NOARGS,
      "Whether this CPython has lazy.compile's frame hook (3.11, 3.12)."},
     {"capture_hook_installed", lazy::capture_hook_installed, METH_NOARGS, "Whether the frame hook is installed now."},

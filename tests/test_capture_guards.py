@@ -41,6 +41,46 @@ A0 = X.arg(0)
 HELD = Obj(a=1)
 NAN = float("nan")
 
+
+# Modules whose attributes the program reads from the dicts Module.__getattr__ reads (Note [Module attributes in
+# guard programs]): what it finds and misses must be what Python finds.
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        self.register_buffer("buf", torch.zeros(2))
+        self.scale = 2
+
+    @property
+    def doubled(self):
+        return self.scale * 2
+
+
+class Forwarding(torch.nn.Module):  # its own __getattr__: the generic lookup
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+
+    def __getattr__(self, name):
+        return "forwarded" if name == "magic" else super().__getattr__(name)
+
+
+NET = Net()
+SHADOWED = Net()
+SHADOWED.__dict__["lin"] = "an instance attribute"  # found before _modules, as Python's lookup finds it
+RENAMED = Net()
+RENAMED._parameters["scale2"] = RENAMED.lin.weight
+EMPTY_NET = Net()
+del EMPTY_NET.lin
+FORWARDING = Forwarding()
+
+
+def attrs(*names):
+    e = A0
+    for n in names:
+        e = X.attr(e, n)
+    return e
+
 # (name, guards, hitting arguments, missing arguments)
 CASES = [
     ("id", [("id", A0, HELD)], [(HELD,)], [(Obj(a=1),), (None,)]),
@@ -68,6 +108,19 @@ CASES = [
      [([HELD], {HELD: {}}), ([3], {3: {}, 4: 1})], [([HELD], {HELD: 1}), ([Obj()], {HELD: {}}), ([4], {3: {}, 4: 1}),
                                                      ([], {HELD: {}})]),
     ("property that raises", [("truth", X.attr(A0, "boom"), True)], [], [(Raises(),)]),
+    ("module: submodule, parameter, buffer", [("id", attrs("lin"), NET.lin), ("id", attrs("lin", "weight"),
+                                                                              NET.lin.weight),
+                                               ("id", attrs("buf"), NET.buf)],
+     [(NET,)], [(Net(),), (SHADOWED,), (EMPTY_NET,), (Obj(lin=NET.lin),)]),
+    ("module: instance dict, property", [("eq", attrs("scale"), 2), ("eq", attrs("doubled"), 4)],
+     [(NET,), (Obj(scale=2, doubled=4),)], [(Obj(scale=2),)]),
+    ("module: shadowing instance attribute", [("eq", attrs("lin"), "an instance attribute")],
+     [(SHADOWED,)], [(NET,)]),
+    ("module: parameter only in _parameters", [("id", attrs("scale2"), RENAMED.lin.weight)],
+     [(RENAMED,)], [(NET,)]),
+    ("module: missing attribute", [("noattr", A0, "lin")], [(EMPTY_NET,)], [(NET,)]),
+    ("module: own __getattr__", [("eq", attrs("magic"), "forwarded"), ("id", attrs("lin"), FORWARDING.lin)],
+     [(FORWARDING,)], [(NET,)]),
     ("second argument", [("type", X.arg(1), float)], [(0, 1.5)], [(0, 1), (0,)]),
     ("arithmetic (residual)", [("type", A0, int), ("eq", X.binary("+", A0, 1), 3)], [(2,)], [(3,), (2.0,)]),
 ]

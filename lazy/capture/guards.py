@@ -113,4 +113,4 @@ def compile_guards(state: tuple, guards: List[Guard], state_calls: tuple, keys_s
             b.regs = regs
             residual.append((kind, e, expected))
     regs = 1 + max((ins[1] for ins in b.code), default=-1)
-    return _C.guard_program(b.code, regs, LazyTensor), residual
+    return _C.guard_program(b.code, regs, LazyTensor, torch.nn.Module), residual
