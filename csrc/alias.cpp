@@ -76,6 +76,59 @@ int tensor_requires_grad(PyObject* tensor) {
   return impl->requires_grad() ? 1 : 0;
 }
 
+namespace {
+
+PyObject* int_tuple(c10::IntArrayRef values) {
+  PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(values.size()));
+  if (t == nullptr) return nullptr;
+  for (size_t i = 0; i < values.size(); ++i) {
+    PyObject* v = PyLong_FromLongLong(values[i]);
+    if (v == nullptr) {
+      Py_DECREF(t);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(t, static_cast<Py_ssize_t>(i), v);
+  }
+  return t;
+}
+
+// tuple(x) of a Python sequence attribute or method result (the fallback of tensor_layout).
+PyObject* tuple_of_attr(PyObject* tensor, const char* name, bool call) {
+  PyObject* v = call ? PyObject_CallMethod(tensor, name, nullptr) : PyObject_GetAttrString(tensor, name);
+  if (v == nullptr) return nullptr;
+  PyObject* t = PySequence_Tuple(v);
+  Py_DECREF(v);
+  return t;
+}
+
+}  // namespace
+
+int tensor_layout(PyObject* tensor, PyObject** shape, PyObject** stride) {
+  *shape = *stride = nullptr;
+  c10::TensorImpl* impl = g_tensor_type != nullptr && PyObject_TypeCheck(tensor, g_tensor_type) ? impl_of(tensor)
+                                                                                                 : nullptr;
+  // a plain tensor's sizes are fields; a Python subclass's or a symbolic one's may be answered by Python
+  if (impl != nullptr && !impl->has_symbolic_sizes_strides() &&
+      !impl->key_set().has(c10::DispatchKey::Python)) {
+    try {
+      *shape = int_tuple(impl->sizes());
+      *stride = *shape != nullptr ? int_tuple(impl->strides()) : nullptr;
+    } catch (const std::exception& e) {
+      Py_CLEAR(*shape);
+      PyErr_Format(PyExc_RuntimeError, "lazy: could not read a tensor's sizes: %s", e.what());
+    }
+  } else {
+    PyErr_Clear();
+    *shape = tuple_of_attr(tensor, "shape", false);
+    *stride = *shape != nullptr ? tuple_of_attr(tensor, "stride", true) : nullptr;
+  }
+  if (*stride == nullptr) {
+    Py_CLEAR(*shape);
+    return -1;
+  }
+  return 0;
+}
+
 PyObject* share_storage_py(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 2) {
     PyErr_SetString(PyExc_TypeError, "share_storage(view, base)");

@@ -22,6 +22,10 @@ int tensor_requires_grad(PyObject* tensor);
 bool grad_mode_enabled();
 bool inference_mode_enabled();
 
+// tuple(tensor.shape) and tuple(tensor.stride()) of a tensor with plain sizes and strides, read from its TensorImpl
+// (any other tensor: through Python). Returns 0 with two new references, or -1 with a Python error set.
+int tensor_layout(PyObject* tensor, PyObject** shape, PyObject** stride);
+
 // share_storage(view, base) for Python (record.py's slow path).
 PyObject* share_storage_py(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 

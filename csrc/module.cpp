@@ -10,6 +10,7 @@
 #include "graph.h"
 #include "ir.h"
 #include "record.h"
+#include "replay_io.h"
 
 namespace py = pybind11;
 
@@ -61,6 +62,11 @@ PyMethodDef methods[] = {
     {"signatures", signatures, METH_NOARGS, "The table of interned node signatures."},
     {"guard_program", FASTCALL(lazy::guard_program), METH_FASTCALL,
      "guard_program(instructions, nregs, lazy_type, module_type): an entry's guards as a C program (csrc/capture_guards.cpp)."},
+    {"data_leaf", lazy::data_leaf_py, METH_O, "data_leaf(tensor): a data leaf Node holding tensor (csrc/replay_io.cpp)."},
+    {"replay_inputs", FASTCALL(lazy::replay_inputs), METH_FASTCALL,
+     "replay_inputs(tensors, pending, miss) -> the data of each lazy tensor's storage (csrc/replay_io.cpp)."},
+    {"replay_writes", FASTCALL(lazy::replay_writes), METH_FASTCALL,
+     "replay_writes(tensors, outs, indices): bind outs[indices[j]] to tensors[j]'s storage (csrc/replay_io.cpp)."},
     {"capture_hook_supported", lazy::capture_hook_supported, METH_NOARGS,
      "Whether this CPython has lazy.compile's frame hook (3.11, 3.12)."},
     {"capture_hook_installed", lazy::capture_hook_installed, METH_NOARGS, "Whether the frame hook is installed now."},

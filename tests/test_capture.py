@@ -112,6 +112,41 @@ def test_training_step_replays_as_eager(kind, opt_name, cpu_backing):
     assert got[2] == want[2] and got[3] == want[3]
 
 
+def test_a_replay_that_cannot_go_on_has_changed_nothing():
+    """A replay reads its inputs before it runs its host ops (AdamW's step counters): an input still holding IR
+    recorded between calls (synced, then replayed) and two arguments sharing the storage the capture saw as two (a
+    miss) leave every counter stepped once, as eager's."""
+    def run(device, compiled):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 4).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+        def step(x, y):
+            loss = ((model(x) - y) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        fn = lazy.compile(step) if compiled else step
+        g = torch.Generator().manual_seed(1)
+        losses = []
+        for i in range(7):
+            x, y = torch.randn(2, 4, generator=g).to(device), torch.randn(2, 4, generator=g).to(device)
+            if i == 3:
+                with torch.no_grad():
+                    model.weight.mul_(0.5)  # IR on an input's storage, unsynced
+            losses.append(float(fn(x, x) if i == 4 else fn(x, y)))
+        return losses, [float(opt.state[p]["step"]) for p in model.parameters()], model.weight.detach().cpu()
+
+    want = run("cpu", False)
+    got = run(L, True)
+    assert got[1] == want[1] == [7.0, 7.0]
+    torch.testing.assert_close(torch.tensor(got[0]), torch.tensor(want[0]), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got[2], want[2], rtol=1e-5, atol=1e-6)
+    assert counter("capture.replays") >= 4, lazy.metrics.counters()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Guards: each kind hits and misses
 

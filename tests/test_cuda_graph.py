@@ -171,14 +171,18 @@ def test_a_replay_overwrites_static_memory_only_when_nothing_else_reads_it():
     graphed.static_ids = {id(static)}
     p = torch.ones(4, device="lazy")
     lazy.mark_step()
-    st = p._lz_st
-    st.value = graphed.bind(st, static)
+
+    def bind(out):  # what a replay's writes do (lazy/capture/replay.py's _write_bound)
+        lazy._C.replay_writes((p,), [out], (0,))
+        graphed.bound((p,), [out], (0,))
+
+    bind(static)
     assert graphed._overwritable()  # bound to its storage only
-    st.value = graphed.bind(st, static)
+    bind(static)
     reader = p * 2  # recorded, not run: it reads the leaf over static memory
     assert not graphed._overwritable()
     del reader
     assert graphed._overwritable()
-    st.value = graphed.bind(st, static)
-    st.value = graphed.bind(st, torch.zeros(4))  # the storage moved on (a run without the graph): not remembered
+    bind(static)
+    bind(torch.zeros(4))  # the storage moved on (a run without the graph): not remembered
     assert len(graphed.outstanding) == 1 and graphed._overwritable() and not graphed.outstanding

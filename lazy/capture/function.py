@@ -125,8 +125,9 @@ class CompiledFunction:
             if entry.check(bound):
                 metrics.bump("capture.guard_hit")
                 if config.capture_verify:
-                    return verified_replay(self, entry, bound, lambda: self._replay(entry, bound))
-                out = self._replay(entry, bound)
+                    out = verified_replay(self, entry, bound, lambda: self._replay(entry, bound), _MISSED)
+                else:
+                    out = self._replay(entry, bound)
                 if out is not _MISSED:
                     return out
         metrics.bump("capture.guard_miss" if self.entries else "capture.first_call")

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from .. import _C
 from ..config import config
 from ..device.backing import backing_device
 from ..device.tensor import new_tensor
@@ -55,32 +56,24 @@ def _keys_same(d: Any, keys: tuple) -> bool:
                                        for a, b in zip(k, keys))
 
 
-def _alias_pattern(tensors: tuple) -> tuple:
-    first: Dict[int, int] = {}
-    return tuple(first.setdefault(id(t._lz_st), i) for i, t in enumerate(tensors))
-
-
 def _snapshot(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.detach().to(backing_device(), dtype=dtype, copy=True)
 
 
-def _input_data(t: Any) -> Any:
-    data = t._lz_st.value.data
-    if data is None:
-        raise Pending
-    return launch.ready(data)
+def _storage_inputs(tensors: tuple) -> list:
+    """The data of each storage a replay reads (Note [Replay bookkeeping in C] in csrc/replay_io.cpp); Pending if
+    one holds IR, Miss if two share a storage (distinct at capture: the graph does not hold)."""
+    data = _C.replay_inputs(tensors, Pending, Miss)
+    if launch.busy():  # an asynchronous execution in flight (or failed): wait for what this replay reads
+        for d in data:
+            launch.ready(d)
+    return data
 
 
-def _write(t: Any, out: torch.Tensor) -> None:
-    st = t._lz_st
-    st.value = data_leaf(out)
-    st.version += 1
-
-
-def _write_bound(program: Any, t: Any, out: torch.Tensor) -> None:
-    st = t._lz_st
-    st.value = program.bind(st, out)
-    st.version += 1
+def _write_bound(program: Any, tensors: tuple, outs: list, indices: tuple) -> None:
+    """``replay_writes`` for a program that keeps what it binds (a CUDA graph's static memory)."""
+    _C.replay_writes(tensors, outs, indices)
+    program.bound(tensors, outs, indices)
 
 
 class _Consumed(torch.autograd.Function):
@@ -174,33 +167,35 @@ class Entry:
         for op in s.host_ops:
             body.append(f"R[{op.index}] = {r.expr(op.fn)}")
         lin = plan.lin
+        storage_inputs = [e for kind, e in plan.inputs if kind == "storage"] if lin is not None else []
+        if storage_inputs:
+            # Read (and checked distinct: at capture they were, or the graph differs) before the host ops run, so a
+            # replay that cannot go on has changed nothing.
+            body.insert(0, f"D = _storage_inputs(({''.join(r.expr(e) + ', ' for e in storage_inputs)}))")
         if lin is not None:
             leaf_nodes = [n for n in lin.order if n.is_data]
             inputs = []
             for (kind, e), node in zip(plan.inputs, leaf_nodes):
                 if kind == "storage":
-                    inputs.append(f"_input_data({r.expr(e)})")
+                    inputs.append(f"D[{sum(1 for i in inputs if i.startswith('D['))}]")
                 elif kind == "host" and e.op == "attr" and e.args[1] == "data":
                     inputs.append(r.expr(e))
                 elif kind == "host":
                     inputs.append(f"_snapshot({r.expr(e)}, {r.const(node.dtype)})")
                 else:
                     inputs.append(r.const(e))
-            storage_inputs = [e for kind, e in plan.inputs if kind == "storage"]
-            if len(storage_inputs) > 1:  # distinct storages at capture: the same at replay, or the graph differs
-                pattern = tuple(range(len(storage_inputs)))
-                body.append(f"if _alias_pattern(({', '.join(r.expr(e) for e in storage_inputs)},)) != "
-                            f"{r.const(pattern)}: raise _Miss")
             body.append(f"I = [{', '.join(inputs)}]")
             scalars = []
             for kind, v in plan.scalars:
                 scalars.append(f"R[{v}]" if kind == "reg" else r.expr(v) if kind == "expr" else r.const(v))
             body.append(f"S = [{', '.join(scalars)}]")
             body.append(f"O = {r.const(self.program)}.run(I, S)")
-            # a CUDA-graph program binds what it wrote into its static memory itself (Note [CUDA-graph replay])
-            write = f"_write_bound({r.const(self.program)}, " if hasattr(self.program, "bind") else "_write("
-            for i, e in plan.mutated:
-                body.append(f"{write}{r.expr(e)}, O[{i}])")
+            if plan.mutated:
+                targets = "(" + "".join(f"{r.expr(e)}, " for _, e in plan.mutated) + ")"
+                indices = r.const(tuple(i for i, _ in plan.mutated))
+                # a CUDA-graph program keeps what it bound to its static memory (Note [CUDA-graph replay])
+                body.append(f"_write_bound({r.const(self.program)}, {targets}, O, {indices})"
+                            if hasattr(self.program, "bound") else f"_write_all({targets}, O, {indices})")
         made: Dict[int, str] = {}
         for tid, (i, desc, numel) in (plan.created or {}).items():
             name = f"T{i}"
@@ -220,9 +215,8 @@ class Entry:
         body.extend(stores)
         body.append("return result")
         fn = compile_function("replay", "A", r.preamble + body, r.consts)
-        fn.__globals__.update(_input_data=_input_data, _snapshot=_snapshot, _write=_write, _write_bound=_write_bound,
-                              _new=new_tensor,
-                              _leaf=data_leaf, _alias_pattern=_alias_pattern, _consumed=_consumed, _Miss=Miss)
+        fn.__globals__.update(_storage_inputs=_storage_inputs, _snapshot=_snapshot, _write_all=_C.replay_writes,
+                              _write_bound=_write_bound, _new=new_tensor, _leaf=data_leaf, _consumed=_consumed)
         self.run_source = fn.__lazy_source__
         return fn
 
@@ -254,8 +248,7 @@ def _run_expressions(s: Session, plan: Plan) -> list:
     return exprs
 
 
-_GUARD_HELPERS = dict(_global_state=global_state, _keys_same=_keys_same, _tensor_sig=tensor_signature,
-                      _alias_pattern=_alias_pattern)
+_GUARD_HELPERS = dict(_global_state=global_state, _keys_same=_keys_same, _tensor_sig=tensor_signature)
 
 
 def _python_check(r: Renderer, guards: list, state: Any) -> Callable[[tuple], bool]:

@@ -158,10 +158,14 @@ def _compare(got: Any, want: Any, where: str) -> Optional[str]:
     return f"{where}: {got!r} against {want!r}"
 
 
-def verified_replay(cf: Any, entry: Any, A: tuple, replay: Any) -> Any:
-    """The replay, then a plain run of the same call from the same state; returns the plain run's result."""
+def verified_replay(cf: Any, entry: Any, A: tuple, replay: Any, missed: Any) -> Any:
+    """The replay, then a plain run of the same call from the same state; returns the plain run's result, or
+    ``missed`` where the replay returned it (a check at replay failed, before it changed anything)."""
     snapshot = _Snapshot(entry, A)
-    got = snapshot.observe(replay())
+    out = replay()
+    if out is missed:
+        return missed
+    got = snapshot.observe(out)
     snapshot.restore()
     result = cf.run_plainly(A)
     want = snapshot.observe(result)

@@ -92,9 +92,10 @@ Node = _C.Node
 _C.set_data_op(DATA)
 
 
-def data_leaf(tensor: torch.Tensor) -> Node:
-    """A leaf holding real data on the backing device. Its hash covers shape, dtype and layout, not the data."""
-    return Node(DATA, (tuple(tensor.stride()),), (), (), (), tuple(tensor.shape), tensor.dtype, data=tensor)
+# data_leaf(tensor) -> Node: a leaf holding real data on the backing device, in C (csrc/replay_io.cpp): what
+# ``Node(DATA, (tuple(tensor.stride()),), (), (), (), tuple(tensor.shape), tensor.dtype, data=tensor)`` builds, its
+# sizes and strides read from the TensorImpl. Its hash covers shape, dtype and layout, not the data.
+data_leaf: Callable[[torch.Tensor], Node] = _C.data_leaf
 
 
 def getitem(node: Node, index: int) -> Node:

@@ -32,7 +32,6 @@ import torch
 from ..debug import metrics
 from ..debug.log import log
 from ..ir.layout import non_overlapping_and_dense
-from ..ir.node import data_leaf
 
 MAX_RECAPTURES = 8
 _UNGRAPHABLE = ("c10d_", "seeded[")  # externs a graph cannot replay: collectives, random ops (not "unseeded[")
@@ -73,12 +72,14 @@ class GraphedProgram:
 
     # ---- binding outputs (lazy/capture/replay.py) ----
 
-    def bind(self, st: Any, out: torch.Tensor) -> Any:
-        """The data leaf a storage the call updated takes for ``out``; remembered if ``out`` is static memory."""
-        leaf = data_leaf(out)
-        if id(out) in self.static_ids:
-            self.outstanding.append((st, leaf))
-        return leaf
+    def bound(self, tensors: tuple, outs: List[torch.Tensor], indices: tuple) -> None:
+        """Remember the data leaves just bound to the storages of ``tensors`` (``outs[indices[j]]``, as
+        ``_C.replay_writes`` binds them) that hold static memory."""
+        static = self.static_ids
+        for t, i in zip(tensors, indices):
+            if id(outs[i]) in static:
+                st = t._lz_st
+                self.outstanding.append((st, st.value))
 
     def _overwritable(self) -> bool:
         """Whether no leaf bound to static memory is referenced beyond its storage (Note [CUDA-graph replay])."""

@@ -275,6 +275,11 @@ def ready(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def busy() -> bool:
+    """Whether some execution is in flight or has failed (``ready`` may have to wait or raise for a tensor)."""
+    return bool(_S.inflight or _S.poisoned)
+
+
 def in_flight(t: torch.Tensor) -> bool:
     """Whether ``t`` is the placeholder of a launched execution not yet retired (its data may not be there)."""
     return id(t) in _S.inflight

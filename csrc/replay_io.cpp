@@ -1,0 +1,141 @@
+// The per-tensor work of a lazy.compile replay in C.
+//
+// Note [Replay bookkeeping in C]
+// A replayed training step reads the data of every storage it takes (parameters, optimizer state: 50 to a few
+// hundred) and binds a new data leaf to every storage it updates. In the replay's generated Python that was about
+// 0.5 us a read (an attribute walk and a call) and 1.5 us a write (a data leaf built through Node's constructor,
+// tuple(shape), tuple(stride), the version bump), most of what a small step's replay costs besides its program.
+// Here a read is the same walk in C (tensor._lz_st.value.data) and a write builds the leaf from the TensorImpl's
+// sizes and strides (alias.cpp); both take the whole list in one call. What they do is what the Python did: a read
+// of a storage still holding IR raises the replay's Pending (sync, then replay), two inputs that share one storage
+// raise Miss (the capture saw distinct ones: its graph does not hold for this call), checked before the replay
+// changes anything.
+#include "replay_io.h"
+
+#include "alias.h"
+#include "ir.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace lazy {
+
+namespace {
+
+PyObject* s_lz_st = nullptr;
+PyObject* s_dtype = nullptr;
+
+// tensor._lz_st as a Storage: a new reference, or NULL with an error set.
+StorageObject* storage_of(PyObject* tensor) {
+  if (s_lz_st == nullptr) {
+    s_lz_st = PyUnicode_InternFromString("_lz_st");
+    if (s_lz_st == nullptr) return nullptr;
+  }
+  PyObject* st = PyObject_GetAttr(tensor, s_lz_st);
+  if (st == nullptr) return nullptr;
+  if (Py_TYPE(st) != &StorageType) {
+    Py_DECREF(st);
+    PyErr_SetString(PyExc_TypeError, "lazy: a replay input or output is not a lazy tensor");
+    return nullptr;
+  }
+  return reinterpret_cast<StorageObject*>(st);
+}
+
+bool is_sequence(PyObject* x) { return PyTuple_Check(x) || PyList_Check(x); }
+
+}  // namespace
+
+PyObject* make_data_leaf(PyObject* tensor) {
+  PyObject *shape = nullptr, *stride = nullptr;
+  if (tensor_layout(tensor, &shape, &stride) != 0) return nullptr;
+  if (s_dtype == nullptr) s_dtype = PyUnicode_InternFromString("dtype");
+  PyObject* dtype = s_dtype != nullptr ? PyObject_GetAttr(tensor, s_dtype) : nullptr;
+  PyObject* args = dtype != nullptr ? PyTuple_Pack(1, stride) : nullptr;
+  PyObject* empty = PyTuple_New(0);
+  PyObject* node = nullptr;
+  if (args != nullptr && empty != nullptr && data_op() != nullptr) {
+    PyObject* sig = intern_signature(data_op(), args, empty, shape, dtype, Py_None);
+    if (sig != nullptr) {
+      node = make_node(data_op(), args, empty, empty, empty, shape, dtype, Py_None, tensor, sig);
+      Py_DECREF(sig);
+    }
+  } else if (!PyErr_Occurred()) {
+    PyErr_SetString(PyExc_RuntimeError, "lazy: data leaves before set_data_op");
+  }
+  Py_XDECREF(empty);
+  Py_XDECREF(args);
+  Py_XDECREF(dtype);
+  Py_DECREF(shape);
+  Py_DECREF(stride);
+  return node;
+}
+
+PyObject* data_leaf_py(PyObject*, PyObject* tensor) { return make_data_leaf(tensor); }
+
+PyObject* replay_inputs(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 || !is_sequence(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "replay_inputs(tensors, pending, miss)");
+    return nullptr;
+  }
+  PyObject* seq = args[0];
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  PyObject* out = PyList_New(n);
+  if (out == nullptr) return nullptr;
+  std::vector<StorageObject*> seen(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    StorageObject* st = storage_of(items[i]);
+    if (st == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    seen[static_cast<size_t>(i)] = st;
+    PyObject* value = st->value;
+    PyObject* data = Py_TYPE(value) == &NodeType ? reinterpret_cast<NodeObject*>(value)->data : Py_None;
+    Py_DECREF(st);  // held by the tensor, which the caller holds
+    if (data == Py_None) {
+      Py_DECREF(out);
+      PyErr_SetNone(args[1]);
+      return nullptr;
+    }
+    PyList_SET_ITEM(out, i, Py_NewRef(data));
+  }
+  std::sort(seen.begin(), seen.end());
+  if (std::adjacent_find(seen.begin(), seen.end()) != seen.end()) {
+    Py_DECREF(out);
+    PyErr_SetNone(args[2]);
+    return nullptr;
+  }
+  return out;
+}
+
+PyObject* replay_writes(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 || !is_sequence(args[0]) || !PyList_Check(args[1]) || !PyTuple_Check(args[2]) ||
+      PySequence_Fast_GET_SIZE(args[0]) != PyTuple_GET_SIZE(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "replay_writes(tensors, outs: list, indices: tuple of the same length)");
+    return nullptr;
+  }
+  PyObject** tensors = PySequence_Fast_ITEMS(args[0]);
+  Py_ssize_t n = PyTuple_GET_SIZE(args[2]);
+  Py_ssize_t num_outs = PyList_GET_SIZE(args[1]);
+  for (Py_ssize_t j = 0; j < n; ++j) {
+    Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[2], j));
+    if (i < 0 || i >= num_outs) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "replay_writes: output index out of range");
+      return nullptr;
+    }
+    StorageObject* st = storage_of(tensors[j]);
+    if (st == nullptr) return nullptr;
+    PyObject* leaf = make_data_leaf(PyList_GET_ITEM(args[1], i));
+    if (leaf == nullptr) {
+      Py_DECREF(st);
+      return nullptr;
+    }
+    Py_SETREF(st->value, leaf);
+    st->version += 1;
+    Py_DECREF(st);
+  }
+  Py_RETURN_NONE;
+}
+
+}  // namespace lazy

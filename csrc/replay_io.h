@@ -1,0 +1,24 @@
+// The per-tensor work of a lazy.compile replay in C (Note [Replay bookkeeping in C] in replay_io.cpp).
+#pragma once
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+namespace lazy {
+
+// A data leaf (lazy.ir.node.data_leaf) holding ``tensor``, a backing-device tensor: a new reference, or NULL with
+// an error set.
+PyObject* make_data_leaf(PyObject* tensor);
+
+// data_leaf(tensor) for Python.
+PyObject* data_leaf_py(PyObject* self, PyObject* tensor);
+
+// replay_inputs(tensors, pending, miss) -> list: the data of each lazy tensor's storage; raises ``pending`` if
+// one holds pending IR, ``miss`` if two share a storage.
+PyObject* replay_inputs(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+
+// replay_writes(tensors, outs, indices): binds outs[indices[j]] as a data leaf to tensors[j]'s storage and bumps
+// its version, for each j.
+PyObject* replay_writes(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+
+}  // namespace lazy
