@@ -9,6 +9,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/TensorImpl.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include <exception>
 
@@ -127,6 +128,53 @@ int tensor_layout(PyObject* tensor, PyObject** shape, PyObject** stride) {
     return -1;
   }
   return 0;
+}
+
+void* tensor_data(PyObject* tensor) {
+  c10::TensorImpl* impl = impl_of(tensor);
+  if (impl == nullptr) return nullptr;
+  try {
+    return const_cast<void*>(impl->data());
+  } catch (const std::exception& e) {
+    PyErr_Format(PyExc_RuntimeError, "lazy: could not read a tensor's data pointer: %s", e.what());
+    return nullptr;
+  }
+}
+
+int tensor_unshared(PyObject* tensor, PyObject* shape) {
+  if (g_tensor_type == nullptr || Py_TYPE(tensor) != g_tensor_type || Py_REFCNT(tensor) != 1 ||
+      !PyTuple_Check(shape)) {
+    return 0;
+  }
+  PyObject** weakrefs = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(tensor) +
+                                                     Py_TYPE(tensor)->tp_weaklistoffset);
+  if (Py_TYPE(tensor)->tp_weaklistoffset > 0 && *weakrefs != nullptr) return 0;
+  c10::TensorImpl* impl = impl_of(tensor);
+  if (impl == nullptr) {
+    PyErr_Clear();
+    return 0;
+  }
+  if (c10::raw::intrusive_ptr::use_count(impl) != 1 || c10::raw::weak_intrusive_ptr::use_count(impl) != 1 ||
+      impl->has_symbolic_sizes_strides() || impl->key_set().has(c10::DispatchKey::Python) ||
+      !impl->has_storage() || impl->storage_offset() != 0 || !impl->is_contiguous() || impl->requires_grad()) {
+    return 0;
+  }
+  const c10::Storage& storage = impl->storage();
+  c10::StorageImpl* st = storage.unsafeGetStorageImpl();
+  if (st == nullptr || c10::raw::intrusive_ptr::use_count(st) != 1 ||
+      c10::raw::weak_intrusive_ptr::use_count(st) != 1) {
+    return 0;
+  }
+  c10::IntArrayRef sizes = impl->sizes();
+  if (static_cast<Py_ssize_t>(sizes.size()) != PyTuple_GET_SIZE(shape)) return 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    long long d = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, static_cast<Py_ssize_t>(i)));
+    if (d != sizes[i]) {
+      PyErr_Clear();
+      return 0;
+    }
+  }
+  return static_cast<size_t>(storage.nbytes()) == static_cast<size_t>(impl->numel()) * impl->itemsize() ? 1 : 0;
 }
 
 PyObject* share_storage_py(PyObject*, PyObject* const* args, Py_ssize_t nargs) {

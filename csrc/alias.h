@@ -26,6 +26,14 @@ bool inference_mode_enabled();
 // (any other tensor: through Python). Returns 0 with two new references, or -1 with a Python error set.
 int tensor_layout(PyObject* tensor, PyObject** shape, PyObject** stride);
 
+// tensor.data_ptr() of a tensor with storage, or NULL with a Python error set (NULL without one: an empty tensor).
+void* tensor_data(PyObject* tensor);
+
+// Whether nothing but its one reference (the caller's container) can see ``tensor`` or its memory: a plain
+// torch.Tensor whose Python object, TensorImpl and StorageImpl each have one reference and no weak ones, contiguous
+// from offset 0 over all of its storage, with sizes ``shape`` (a tuple), not requiring grad. 1 or 0; never raises.
+int tensor_unshared(PyObject* tensor, PyObject* shape);
+
 // share_storage(view, base) for Python (record.py's slow path).
 PyObject* share_storage_py(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 

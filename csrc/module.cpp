@@ -9,6 +9,7 @@
 #include "capture_hook.h"
 #include "graph.h"
 #include "ir.h"
+#include "outputs.h"
 #include "record.h"
 #include "replay_io.h"
 
@@ -67,6 +68,8 @@ PyMethodDef methods[] = {
      "replay_inputs(tensors, pending, miss) -> the data of each lazy tensor's storage (csrc/replay_io.cpp)."},
     {"replay_writes", FASTCALL(lazy::replay_writes), METH_FASTCALL,
      "replay_writes(tensors, outs, indices): bind outs[indices[j]] to tensors[j]'s storage (csrc/replay_io.cpp)."},
+    {"take_buffers", FASTCALL(lazy::take_buffers), METH_FASTCALL,
+     "take_buffers(allocs, spares, values, ptrs, empty): a program's fresh buffers, spares reused (csrc/outputs.cpp)."},
     {"capture_hook_supported", lazy::capture_hook_supported, METH_NOARGS,
      "Whether this CPython has lazy.compile's frame hook (3.11, 3.12)."},
     {"capture_hook_installed", lazy::capture_hook_installed, METH_NOARGS, "Whether the frame hook is installed now."},

@@ -65,6 +65,10 @@ KNOBS = (
          "Processes compiling Triton kernels while graphs run on the reference executor (compiler 'auto'); 0 "
          "compiles in the calling thread. Default: half the CPUs, at most 8.", int),
     Knob("graph_cache_size", 1024, "LAZY_GRAPH_CACHE_SIZE", "Entries of the in-memory graph cache (LRU).", int),
+    Knob("spare_bytes", 256 << 20, "LAZY_SPARE_BYTES",
+         "Bytes of the outputs of their last runs that compiled programs keep to write the next runs' outputs into, "
+         "once nothing else references them (Note [Reused outputs]); the programs run last keep theirs. 0: every "
+         "output is fresh memory.", int),
     Knob("strict", False, "LAZY_STRICT",
          "Raise on every implicit sync (.item(), .cpu(), print, bool, data-dependent ops) instead of syncing.", _bool),
     Knob("warn_fallback", True, "LAZY_WARN_FALLBACK",

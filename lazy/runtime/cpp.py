@@ -8,6 +8,7 @@ and the ``compile_fallback`` counter; results stay correct.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import shlex
 import subprocess
@@ -29,6 +30,7 @@ from ..ir.node import DATA
 from ..lower import Extern, lower
 from ..schedule import Kernel, format_schedule, schedule
 from . import pages
+from .spares import BUDGET
 from .cpp_isa import IsaError, target, target_isa  # noqa: F401 -- benchmarks/machine.py reports target_isa
 from .reference import EXEC_OVERRIDES, _direct, _fill, eager_dispatch
 from .reference import Program as ReferenceProgram
@@ -61,8 +63,8 @@ _ALIGN = 64
 # before it was defined), so they cost neither a torch.empty nor a tensor per run. A Program keeps its arena
 # when it is small (ARENA_KEEP_BYTES), with the kernel buffers that externs read as prebuilt views into it;
 # an extern output that aliases the arena is copied out, since later kernels overwrite those bytes. Graph
-# outputs are fresh tensors (they become the data of lazy tensors). A re-entered run (another thread) or a
-# large arena gets a fresh arena per run.
+# outputs are fresh tensors, or outputs of earlier runs that nothing references (Note [Reused outputs] in
+# runtime/spares.py). A re-entered run (another thread) or a large arena gets a fresh arena per run.
 
 
 class CompileError(RuntimeError):
@@ -177,7 +179,10 @@ class Program:
             seg[4].extend(frees)
             seg[5] += 1
             seg[6].append(step.name)
-        self.steps = [tuple(s) for s in steps]
+        self.steps = [tuple(s[:3]) + (tuple(s[3]),) + tuple(s[4:]) if s[0] is _SEGMENT else tuple(s) for s in steps]
+        self.spare_bytes = sum(math.prod(shape) * dtype.itemsize for s in self.steps if s[0] is _SEGMENT
+                               for _, shape, dtype in s[3])
+        self._spares = None  # Note [Reused outputs] (runtime/spares.py)
 
     def _entry(self, name: str) -> Any:
         fn = getattr(self.lib, name)
@@ -220,15 +225,15 @@ class Program:
         _C.pack_scalars(scalars, fs, is_)  # float(s) and int(s) of each number, in C (~0.3 us each in Python)
         timer = _Timer(self) if config.debug >= 3 else None
         check_alias = bool(self.arena_views) and self.keep_arena
-        launched = 0
+        launched = reused = 0
+        spares = BUDGET.admit(self)
+        address = ctypes.addressof(ptrs)
         with eager_dispatch():
             for step in self.steps:
                 if step[0] is _SEGMENT:
                     _, label, fn, allocs, frees, count, names = step
-                    for i, shape, dtype in allocs:
-                        t = pages.empty(shape, dtype)  # Note [Huge pages for large outputs]
-                        values[i] = t
-                        ptrs[i] = t.data_ptr()
+                    if allocs:  # a spare nothing references, else fresh (Note [Huge pages for large outputs])
+                        reused += _C.take_buffers(allocs, spares, values, address, pages.empty)
                     if timer is not None:
                         err = timer.segment(label, fn, names, ptrs, fs, is_)
                     else:
@@ -254,6 +259,8 @@ class Program:
         metrics.bump("executed_graphs")
         metrics.bump("executed_nodes", self.num_nodes)
         metrics.bump("kernels_launched", launched)
+        if reused:
+            metrics.bump("spares.reused", reused)
         return outs
 
 
