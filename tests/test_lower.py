@@ -296,6 +296,36 @@ def test_composites_decompose():
                            F.layer_norm(x, (16,)), torch.logsumexp(x, -1)], x, w, b)
 
 
+@pytest.mark.parametrize("momentum", [0.1, None])  # None: a cumulative average, its factor a new scalar per step
+def test_batch_and_group_norm_forward_are_kernels(momentum):
+    """Note [Batch norm's forward as kernels]: a training BatchNorm's output and running statistics, and GroupNorm's
+    output, come from kernels, the momentum a runtime scalar (one graph for all steps), as eager computes them;
+    eval mode stays an extern call."""
+    torch.manual_seed(9)
+    eager = torch.nn.ModuleList([torch.nn.BatchNorm2d(6, momentum=momentum), torch.nn.BatchNorm1d(6, momentum=momentum),
+                                 torch.nn.GroupNorm(3, 6)])
+    on_lazy = torch.nn.ModuleList([torch.nn.BatchNorm2d(6, momentum=momentum),
+                                   torch.nn.BatchNorm1d(6, momentum=momentum), torch.nn.GroupNorm(3, 6)]).to("lazy")
+    metrics.reset()
+    for step in range(4):
+        if step == 3:
+            eager.eval()
+            on_lazy.eval()
+        x, h = torch.randn(4, 6, 5, 5) * (step + 1), torch.randn(8, 6) + step
+        want = [eager[0](x), eager[1](h), eager[2](x)]
+        got = [on_lazy[0](x.to("lazy")), on_lazy[1](h.to("lazy")), on_lazy[2](x.to("lazy"))]
+        lazy.mark_step()
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.cpu(), w, rtol=1e-5, atol=1e-5)
+        for (name, w), g in zip(eager.state_dict().items(), on_lazy.state_dict().values()):
+            torch.testing.assert_close(g.cpu(), w, rtol=1e-5, atol=1e-6, msg=lambda m: f"step {step} {name}: {m}")
+        if step == 1:
+            compiled = metrics.counter("compiles")
+        if step == 2:  # the same graphs again (with momentum None, float(num_batches_tracked) syncs: two a step)
+            assert not [k for k in metrics.counters() if "batch_norm" in k or "group_norm" in k], metrics.counters()
+            assert metrics.counter("compiles") == compiled
+
+
 def test_runtime_scalars_do_not_recompile():
     torch.manual_seed(7)
     x0 = torch.randn(16, 16)

@@ -16,7 +16,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..ir.node import DEVICE, GENERATOR, SCALAR_MARKERS, TENSOR, Node, _Marker
+from ..ir.node import DEVICE, GENERATOR, SCALAR_MARKERS, TENSOR, Node, Op, _Marker
+from ..ir.ops import functionalized
 
 aten = torch.ops.aten
 
@@ -25,7 +26,7 @@ _EXTRA = ("_softmax", "_log_softmax", "native_layer_norm", "var", "var_mean", "s
           "tanh_backward", "threshold_backward", "addmm", "mse_loss", "mse_loss_backward", "silu_backward",
           "leaky_relu", "leaky_relu_backward", "elu", "softplus", "logsumexp", "hardtanh_backward", "hardsigmoid",
           "hardswish", "mish", "native_dropout_backward", "log_sigmoid_forward", "logit", "xlogy", "nan_to_num",
-          "native_layer_norm_backward", "linalg_vector_norm", "norm", "frac", "hypot", "sgn")
+          "native_layer_norm_backward", "linalg_vector_norm", "norm", "frac", "hypot", "sgn", "native_group_norm")
 
 
 @functools.lru_cache(maxsize=1)
@@ -33,7 +34,43 @@ def table() -> Dict[Any, Any]:
     from torch._decomp import core_aten_decompositions, get_decompositions
     d = dict(core_aten_decompositions())
     d.update(get_decompositions([getattr(aten, n) for n in _EXTRA if hasattr(aten, n)]))
+    d[functionalized(aten.native_batch_norm.default, *_BN_FUNCTIONALIZED)] = _batch_norm_training
     return d
+
+
+_BN_FUNCTIONALIZED = ((3, 4), (), (0, 1, 2))  # the running stats it updates; its three returns
+
+
+def _batch_norm_training(input: torch.Tensor, weight: Any, bias: Any, running_mean: Any, running_var: Any,
+                         training: bool, momentum: float, eps: float) -> tuple:
+    """native_batch_norm in training mode, functionalized (lazy/ir/ops.py): (out, save_mean, save_invstd, new
+    running_mean, new running_var), as CPU eager computes them.
+
+    Note [Batch norm's forward as kernels]
+    PyTorch's decomposition of the functional batch norm computes ``(1 - momentum) * running_mean`` in Python, so
+    its traces differ with the momentum and the node stayed an extern call (a captured CNN step spent 135 us in
+    two of them). Here the momentum and eps reach ops as arguments, runtime scalars as in eager: the statistics
+    are a biased var_mean over every dimension but the channels, the update ``running + momentum * (stat -
+    running)`` with the unbiased variance (``n / (n - 1)`` a static factor of the shape). Eval mode (no update)
+    and half-precision inputs (eager keeps float statistics) stay extern calls."""
+    if not training or running_mean is None or running_var is None or \
+            input.dtype not in (torch.float32, torch.float64) or input.dim() < 2:
+        raise NotImplementedError("an extern call")
+    dims = [0] + list(range(2, input.dim()))
+    n = input.numel() // input.shape[1]
+    var, mean = torch.var_mean(input, dims, correction=0, keepdim=True)
+    invstd = torch.rsqrt(var + eps)
+    out = (input - mean) * invstd
+    shape = [1, input.shape[1]] + [1] * (input.dim() - 2)
+    if weight is not None:
+        out = out * weight.reshape(shape)
+    if bias is not None:
+        out = out + bias.reshape(shape)
+    save_mean, save_invstd = mean.reshape(-1), invstd.reshape(-1)
+    unbiased = var.reshape(-1) * (n / (n - 1)) if n > 1 else var.reshape(-1) * float("inf")
+    new_mean = torch.add(running_mean, save_mean - running_mean, alpha=momentum)
+    new_var = torch.add(running_var, unbiased - running_var, alpha=momentum)
+    return out, save_mean, save_invstd, new_mean, new_var
 
 
 class ScalarRef:
@@ -118,11 +155,14 @@ def _trace_once(node: Node, sentinels: List[Any]) -> torch.fx.GraphModule:
             return [fill(x, ins, sc) for x in v]
         return v
 
+    # an internal op (functionalized native_batch_norm) is traced through its entry of the table
+    target = table()[node.op] if isinstance(node.op, Op) else node.op
+
     def fn(*tensors: torch.Tensor) -> Any:
         ins, sc = iter(tensors), iter(sentinels)
         args = fill(node.args, ins, sc)
         kwargs = {k: fill(v, ins, sc) for k, v in node.kwargs}
-        return node.op(*args, **kwargs)
+        return target(*args, **kwargs)
 
     metas = [torch.empty(i.shape, dtype=i.dtype, device="meta") for i in node.inputs]
     return make_fx(fn, decomposition_table=table())(*metas)
