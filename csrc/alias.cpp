@@ -130,6 +130,39 @@ int tensor_layout(PyObject* tensor, PyObject** shape, PyObject** stride) {
   return 0;
 }
 
+int host_tensor_matches(PyObject* tensor, PyObject* shape, PyObject* stride, long long offset, const char* device,
+                        long long index, int requires_grad) {
+  if (g_tensor_type == nullptr || !PyObject_TypeCheck(tensor, g_tensor_type) || !PyTuple_Check(shape) ||
+      !PyTuple_Check(stride)) {
+    return -1;
+  }
+  c10::TensorImpl* impl = impl_of(tensor);
+  if (impl == nullptr) {
+    PyErr_Clear();
+    return -1;
+  }
+  if (impl->has_symbolic_sizes_strides() || impl->key_set().has(c10::DispatchKey::Python)) return -1;
+  try {
+    c10::IntArrayRef sizes = impl->sizes(), strides = impl->strides();
+    if (static_cast<Py_ssize_t>(sizes.size()) != PyTuple_GET_SIZE(shape) ||
+        static_cast<Py_ssize_t>(strides.size()) != PyTuple_GET_SIZE(stride) || impl->storage_offset() != offset ||
+        impl->requires_grad() != (requires_grad != 0)) {
+      return 0;
+    }
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      if (PyLong_AsLongLong(PyTuple_GET_ITEM(shape, static_cast<Py_ssize_t>(i))) != sizes[i] ||
+          PyLong_AsLongLong(PyTuple_GET_ITEM(stride, static_cast<Py_ssize_t>(i))) != strides[i]) {
+        PyErr_Clear();
+        return 0;
+      }
+    }
+    c10::Device d = impl->device();
+    return c10::DeviceTypeName(d.type(), true) == device && (d.has_index() ? d.index() : -1) == index ? 1 : 0;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
 void* tensor_data(PyObject* tensor) {
   c10::TensorImpl* impl = impl_of(tensor);
   if (impl == nullptr) return nullptr;

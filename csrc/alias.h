@@ -26,6 +26,12 @@ bool inference_mode_enabled();
 // (any other tensor: through Python). Returns 0 with two new references, or -1 with a Python error set.
 int tensor_layout(PyObject* tensor, PyObject** shape, PyObject** stride);
 
+// Whether a plain torch.Tensor has these sizes, strides, storage offset, device (type name as torch.device.type
+// gives it, index or -1) and requires_grad: 1 or 0; -1 where it cannot tell from the TensorImpl (not a tensor, a
+// Python subclass, symbolic sizes). Never raises.
+int host_tensor_matches(PyObject* tensor, PyObject* shape, PyObject* stride, long long offset, const char* device,
+                        long long index, int requires_grad);
+
 // tensor.data_ptr() of a tensor with storage, or NULL with a Python error set (NULL without one: an empty tensor).
 void* tensor_data(PyObject* tensor);
 

@@ -45,6 +45,8 @@ enum Op : int {
   kLazyTensor,  // r[src] is a lazy tensor whose signature (policy.tensor_signature) equals b
   kState,       // replay.global_state() == b: grad and inference mode from c10, b[2:] == tuple(f() for f in a)
   kItemReg,     // r[dst] = r[src][r[n]] (a key the program loaded: optimizer.state[param])
+  kHostTensor,  // r[src] is not a lazy tensor and policy.tensor_signature(r[src]) == b ("host"); a is (device type,
+                // device index or -1, tensor_signature): the TensorImpl is read where it can be, else a's call
   kNumOps,
 };
 
@@ -69,6 +71,7 @@ PyObject* s_lz_desc = nullptr;
 PyObject* s_lz_chain = nullptr;
 PyObject* s_lz_st = nullptr;
 PyObject* s_numel = nullptr;
+PyObject* s_dtype = nullptr;
 PyObject* s_getattr = nullptr;
 PyObject* s_getattribute = nullptr;
 PyObject* s_module_dicts[3] = {nullptr, nullptr, nullptr};  // "_parameters", "_buffers", "_modules"
@@ -162,6 +165,31 @@ int lazy_tensor_matches(PyObject* t, PyObject* expected, PyTypeObject* lazy_type
   return r;
 }
 
+// ("host", shape, stride, offset, dtype, device, requires_grad) == expected for a tensor that is not lazy.
+int host_tensor(PyObject* t, const Ins& ins, PyTypeObject* lazy_type) {
+  PyObject* e = ins.b;
+  if (PyObject_TypeCheck(t, lazy_type)) return 0;  // its signature is a "lazy" one
+  PyObject* dtype = PyObject_GetAttr(t, s_dtype);
+  if (dtype == nullptr) {
+    PyErr_Clear();
+  } else {
+    bool same_dtype = dtype == PyTuple_GET_ITEM(e, 4);  // torch.dtype objects are singletons
+    Py_DECREF(dtype);
+    const char* device = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ins.a, 0));
+    if (device == nullptr) return -1;
+    int r = host_tensor_matches(t, PyTuple_GET_ITEM(e, 1), PyTuple_GET_ITEM(e, 2),
+                                PyLong_AsLongLong(PyTuple_GET_ITEM(e, 3)), device,
+                                PyLong_AsLongLong(PyTuple_GET_ITEM(ins.a, 1)), PyTuple_GET_ITEM(e, 6) == Py_True);
+    if (PyErr_Occurred()) return -1;
+    if (r >= 0) return same_dtype && r == 1;
+  }
+  PyObject* sig = PyObject_CallOneArg(PyTuple_GET_ITEM(ins.a, 2), t);  // what the TensorImpl cannot tell
+  if (sig == nullptr) return -1;
+  int eq = equal(sig, e);
+  Py_DECREF(sig);
+  return eq;
+}
+
 // *out = x[key]: 1 (loaded) or -1 (raised, or a dict without the key).
 int get_item(PyObject* x, PyObject* key, PyObject** out) {
   if (PyDict_CheckExact(x)) {  // what x[key] does for a dict, without the method call
@@ -234,6 +262,8 @@ int step(const Ins& ins, PyObject** r, PyObject* A, PyTypeObject* lazy_type) {
     }
     case kLazyTensor:
       return lazy_tensor_matches(x, ins.b, lazy_type);
+    case kHostTensor:
+      return host_tensor(x, ins, lazy_type);
     case kState: {
       Py_ssize_t n = PyTuple_GET_SIZE(ins.a);
       if ((grad_mode_enabled() ? Py_True : Py_False) != PyTuple_GET_ITEM(ins.b, 0) ||
@@ -323,6 +353,7 @@ bool init_guard_types() {
   s_lz_chain = PyUnicode_InternFromString("_lz_chain");
   s_lz_st = PyUnicode_InternFromString("_lz_st");
   s_numel = PyUnicode_InternFromString("numel");
+  s_dtype = PyUnicode_InternFromString("dtype");
   s_getattr = PyUnicode_InternFromString("__getattr__");
   s_getattribute = PyUnicode_InternFromString("__getattribute__");
   s_module_dicts[0] = PyUnicode_InternFromString("_parameters");
@@ -330,7 +361,8 @@ bool init_guard_types() {
   s_module_dicts[2] = PyUnicode_InternFromString("_modules");
   s_object_getattribute = s_getattribute ? _PyType_Lookup(&PyBaseObject_Type, s_getattribute) : nullptr;
   Py_XINCREF(s_object_getattribute);
-  return PyType_Ready(&GuardProgramType) == 0 && s_lz_desc && s_lz_chain && s_lz_st && s_numel && s_getattr &&
+  return PyType_Ready(&GuardProgramType) == 0 && s_lz_desc && s_lz_chain && s_lz_st && s_numel && s_dtype &&
+         s_getattr &&
          s_object_getattribute && s_module_dicts[0] && s_module_dicts[1] && s_module_dicts[2];
 }
 
@@ -363,7 +395,11 @@ PyObject* guard_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         (ins.op == kItemReg && (ins.n < 0 || ins.n >= nregs)) ||
         (ins.op != kArg && ins.op != kConst && ins.op != kCallEq && ins.op != kState && ins.src < 0) ||
         (ins.op == kState && (!PyTuple_Check(a) || !PyTuple_Check(b) ||
-                              PyTuple_GET_SIZE(b) != PyTuple_GET_SIZE(a) + 2))) {
+                              PyTuple_GET_SIZE(b) != PyTuple_GET_SIZE(a) + 2)) ||
+        (ins.op == kHostTensor && (!PyTuple_Check(a) || PyTuple_GET_SIZE(a) != 3 ||
+                                   !PyUnicode_Check(PyTuple_GET_ITEM(a, 0)) || !PyLong_Check(PyTuple_GET_ITEM(a, 1)) ||
+                                   !PyTuple_Check(b) || PyTuple_GET_SIZE(b) != 7 ||
+                                   !PyLong_Check(PyTuple_GET_ITEM(b, 3))))) {
       for (Ins& done : *code) {
         Py_XDECREF(done.a);
         Py_XDECREF(done.b);

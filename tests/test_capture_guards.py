@@ -149,12 +149,29 @@ def test_lazy_tensor_signature():
     assert check_both(guards, (changed[2],))[:2] == (False, False)
 
 
+class HostSubclass(torch.Tensor):  # read through tensor_signature, not the TensorImpl
+    pass
+
+
 def test_host_tensor_signature():
+    """Host tensors (an optimizer's step counters, a batch) are checked from the TensorImpl: every field of
+    tensor_signature's "host" tuple misses on its own."""
     t = torch.randn(2, 3)
+    base = torch.randn(10)
     guards = [("tensor", A0, tensor_signature(t))]
+    program, residual = compile_guards(global_state(), guards, STATE_CALLS, _keys_same, tensor_signature)
+    assert not residual
     for other, want in ((torch.randn(2, 3), True), (torch.randn(3, 2), False), (t.t(), False),
-                        (torch.randn(2, 3, dtype=torch.float64), False), (t.to(L), False)):
-        assert check_both(guards, (other,))[:2] == (want, want)
+                        (torch.randn(2, 3, dtype=torch.float64), False), (t.to(L), False),
+                        (torch.randn(2, 3, requires_grad=True), False), (base[:6].view(2, 3), True),
+                        (base[1:7].view(2, 3), False), (torch.randn(2, 3, device="meta"), False),
+                        (torch.randn(2, 3).as_subclass(HostSubclass), True), (torch.randn(2), False), (3.0, False),
+                        (torch.nn.Parameter(torch.randn(2, 3)), False)):
+        assert check_both(guards, (other,))[:2] == (want, want), other
+    counter = torch.tensor(4.0)
+    guards = [("tensor", A0, tensor_signature(counter))]
+    for other, want in ((torch.tensor(5.0), True), (torch.tensor([5.0]), False), (torch.tensor(5), False)):
+        assert check_both(guards, (other,))[:2] == (want, want), other
 
 
 def test_global_state():

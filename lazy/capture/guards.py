@@ -20,7 +20,7 @@ from .expr import E
 
 # The instruction set, in the order of csrc/capture_guards.cpp's enum Op.
 OPS = ("arg", "const", "attr", "item", "is", "type_is", "eq", "truth", "is_none", "len", "absent", "has_attr",
-       "call_eq", "call_true", "lazy_tensor", "state", "item_reg")
+       "call_eq", "call_true", "lazy_tensor", "state", "item_reg", "host_tensor")
 OP = {name: i for i, name in enumerate(OPS)}
 
 Guard = Tuple[str, E, Any]
@@ -85,6 +85,10 @@ class _Builder:
             self.emit("call_true", src=src, a=keys_same, b=expected)
         elif kind == "tensor" and type(expected) is tuple and expected and expected[0] == "lazy":
             self.emit("lazy_tensor", src=src, b=expected)
+        elif kind == "tensor" and type(expected) is tuple and len(expected) == 7 and expected[0] == "host":
+            device = expected[5]
+            self.emit("host_tensor", src=src, b=expected,
+                      a=(device.type, device.index if device.index is not None else -1, tensor_signature))
         elif kind == "tensor":
             self.emit("call_eq", src=src, a=tensor_signature, b=expected)
         elif kind == "absent":
