@@ -1,4 +1,5 @@
 """lazy/ir/graph.py: linearize's order and key (Note [Graph key])."""
+import pytest
 import torch
 
 from lazy.ir.graph import linearize
@@ -48,3 +49,25 @@ def test_add_outputs_extends_the_key():
     assert lin.outputs == [len(lin.order) - 1, lin.positions[id(value(y))]]
     assert lin.key != key and lin.key.startswith(key)
     assert lin.key == linearize([value(z), value(y)]).key
+
+
+def test_data_leaves_built_in_c_equal_the_python_definition():
+    """``data_leaf`` (csrc/replay_io.cpp) reads sizes and strides from the TensorImpl, and through Python for a
+    tensor whose sizes Python answers: the node is the one ``Node(DATA, ...)`` builds, signature included."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    from lazy.ir.node import DATA, Node, data_leaf
+
+    base = torch.randn(4, 6)
+    cases = [base, base.t(), base[1:3, ::2], torch.tensor(2.5), torch.zeros(0, 3, dtype=torch.bool),
+             torch.nn.Parameter(torch.randn(3)), torch.empty(2, 3, device="meta"),
+             TwoTensor(torch.randn(2, 3), torch.randn(2, 3))]
+    for t in cases:
+        want = Node(DATA, (tuple(t.stride()),), (), (), (), tuple(t.shape), t.dtype, data=t)
+        got = data_leaf(t)
+        assert got.is_data and got.data is t and got.sig is want.sig, t
+        assert (got.args, got.kwargs, got.inputs, got.scalars, got.shape, got.dtype, got.metas) == \
+               (want.args, want.kwargs, want.inputs, want.scalars, want.shape, want.dtype, want.metas)
+        assert all(type(d) is int for d in got.shape + got.args[0])
+    with pytest.raises(AttributeError):
+        data_leaf(3.0)
