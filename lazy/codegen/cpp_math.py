@@ -10,7 +10,8 @@ ones (64-bit for double, 32-bit for float).
 
 - float32 is evaluated in double with polynomials accurate to ~2^-32 and rounded once, so results are within
   ~0.5 ulp of the true value (eager's float kernels are within ~1 ulp: the two differ by at most ~2 ulp). Except
-  exp, which is evaluated in float (16 lanes per AVX-512 op instead of 8) within 1 ulp: Note [Float32 exp].
+  exp and tanh, evaluated in float (16 lanes per AVX-512 op instead of 8) within 1 and 2 ulp: Notes [Float32 exp]
+  and [Float32 tanh].
 - float64 uses the same algorithms with longer polynomials (exp, expm1, log, log1p, tanh, erf: a few ulp);
   float64 sin/cos keep libm (their large-argument reduction needs a double-double Payne-Hanek, not done yet).
 - Special values follow eager: NaN in -> NaN out; exp(+-inf) = inf/0, log(0) = -inf, log(<0) = NaN,
@@ -114,6 +115,28 @@ LZ_INL float lz_exp_f32(float x) {{
   const uint32_t qi = lz_asu(t) - 0x4B400000u, qh = (uint32_t)((int32_t)qi >> 1);
   const float y = u * lz_asf((qh + 127u) << 23) * lz_asf((qi - qh + 127u) << 23);
   return x > 100.0f ? __builtin_inff() : (x < -104.0f ? 0.0f : y);
+}}
+"""
+# Note [Float32 tanh]
+# tanh was evaluated in double (expm1 and a division at 8 lanes per AVX-512 op): GELU's tanh form, forward and
+# backward, took 4 ns an element on one thread (a tiny GPT's MLP backward, 512 x 256: 0.5 ms a kernel, six of them
+# a step). Here it is float, 16 lanes: tanh |x| = em / (em + 2) with em = expm1(2 |x|), where expm1(z) for z = q ln2
+# + s is 2^q e + (2^q - 1), e = expm1(s) = s + s^2 P(s) with exp's polynomial (Note [Float32 exp]); 2^q - 1 is exact
+# for the q that matter (|x| < 8.3: q <= 24) and 2 |x| is clamped at 18 (tanh(9) rounds to 1). The sign is copied
+# back, so odd symmetry and -0 hold; NaN stays NaN. No cancellation: em, em + 2 and the quotient each round once,
+# within 2 ulp of tanh (tests/test_cpp_math.py holds it to eager).
+_TANH_F32 = r"""
+LZ_INL float lz_tanh_f32(float x) {{
+  const float a = __builtin_fabsf(x);
+  const float z = 2.0f * (a < 9.0f ? a : 9.0f);
+  const float t = z * 0x1.715476p+0f + 0x1.8p23f;  // q = rint(z / ln2), as in lz_exp_f32
+  const float q = t - 0x1.8p23f;
+  const float s = LZ_FMAF(q, -0x1.7f7d1cp-20f, LZ_FMAF(q, -0x1.62e4p-1f, z));
+  const float e = LZ_FMAF(s * s, {P}, s);
+  const float p2 = lz_asf((lz_asu(t) - 0x4B400000u + 127u) << 23);  // 2^q, 0 <= q <= 26
+  const float em = LZ_FMAF(p2, e, p2 - 1.0f);
+  const float y = __builtin_copysignf(em / (em + 2.0f), x);
+  return a == 0.0f || x != x ? x : y;
 }}
 """
 # SLEEF's coefficients of P (sleefsimdsp.c, xexpf), as float32
@@ -335,7 +358,8 @@ LZ_INL bool lz_trig_large(float x) {  // finite and |x| >= TRIG_FAST_BOUND: the 
 # Entry points with a float and a double body of their own (lz_<name>_f / lz_<name>_d above); sin and cos have a
 # float one only (float64 keeps libm: see the module doc).
 VECTORIZED = ("exp", "expm1", "log", "log1p", "tanh", "erf")
-FLOAT_BODIES = {"exp": "lz_exp_f32(x)"}  # float32 entry points evaluated in float (Note [Float32 exp])
+# float32 entry points evaluated in float (Notes [Float32 exp], [Float32 tanh])
+FLOAT_BODIES = {"exp": "lz_exp_f32(x)", "tanh": "lz_tanh_f32(x)"}
 _TRIG_ENTRIES = r"""
 #if LZ_TRIG_V == 16
 #pragma omp declare simd simdlen(16) notinbranch
@@ -423,6 +447,7 @@ def _source() -> str:
             ERF_SMALL=horner("(ax * ax)", erf_small), ERF_CLAMP=erf_clamp, ERFC_CENTER=erfc[0],
             ERFC=horner("u", erfc[1:])))
     parts.append(_EXP_F32.format(P=horner("s", EXP_F32_POLY, fma="LZ_FMAF")))
+    parts.append(_TANH_F32.format(P=horner("s", EXP_F32_POLY, fma="LZ_FMAF")))
     parts.append(_TRIG_F.format(WINDOWS=_windows(), SIN=horner("z", [-x for x in _taylor(3, 13, 2, sign=True)]),
                                 COS=horner("z", [-x for x in _taylor(2, 14, 2, sign=True)])))
     parts.append(_TRIG_FAST_F.format(**{f"C{i}": c for i, c in enumerate(SIN_HALF_PI)}))
