@@ -397,3 +397,29 @@ def test_invariant_values_are_computed_before_the_inner_loops():
     store_loop = src[src.rindex("#pragma GCC ivdep"):]
     store_loop = store_loop[:store_loop.index("\n}\n")]
     assert "b0[" in store_loop and not re.search(r"b\d+\[i0\]", store_loop), store_loop
+
+
+@pytest.mark.parametrize("inner", [True, False])
+def test_concatenations_split_their_loop(inner):
+    """Note [Concatenations split their loop]: a concatenation along the innermost loop runs one loop per piece,
+    each loading its own piece only (no select); along an outer dimension it keeps its selects. Results are eager's,
+    with expensive pieces and transposed, broadcast inputs."""
+    torch.manual_seed(0)
+    a, b, c, d = torch.randn(6, 5), torch.randn(4, 6), torch.randn(6, 1), torch.randn(3, 5)
+
+    def fn(a, b, c, d):
+        if inner:
+            return torch.cat([a * 2, b.t().sin(), c.expand(6, 3).exp(), (a[:, :2] + 1).tanh()], dim=1)
+        return torch.cat([a * 2, d.exp(), a[:2] + 1], dim=0)
+
+    got = fn(*[t.to("lazy") for t in (a, b, c, d)]).cpu()
+    torch.testing.assert_close(got, fn(a, b, c, d), rtol=1e-6, atol=1e-6)
+    src = graph_cache.latest().source
+    body = src[src.index("static void lz_k"):]
+    body = body[:body.index("\n}\n")]
+    loops = re.findall(r"for \(int64_t i1 = (\d+); i1 < (\d+);", body)
+    if inner:
+        assert loops == [("0", "5"), ("5", "9"), ("9", "12"), ("12", "14")], body
+        assert " ? " not in body, body
+    else:
+        assert " ? " in body and len(loops) <= 1, body
