@@ -93,6 +93,30 @@ PyObject* int_tuple(c10::IntArrayRef values) {
   return t;
 }
 
+// The TensorImpl of a torch.Tensor whose sizes and strides are plain fields (not symbolic, not answered by a Python
+// subclass), or NULL (no error set).
+c10::TensorImpl* plain_impl(PyObject* tensor) {
+  if (g_tensor_type == nullptr || !PyObject_TypeCheck(tensor, g_tensor_type)) return nullptr;
+  c10::TensorImpl* impl = impl_of(tensor);
+  if (impl == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  return impl->has_symbolic_sizes_strides() || impl->key_set().has(c10::DispatchKey::Python) ? nullptr : impl;
+}
+
+// Whether ``values`` equals ``expected``, a tuple of ints (never raises).
+bool same_ints(c10::IntArrayRef values, PyObject* expected) {
+  if (static_cast<Py_ssize_t>(values.size()) != PyTuple_GET_SIZE(expected)) return false;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (PyLong_AsLongLong(PyTuple_GET_ITEM(expected, static_cast<Py_ssize_t>(i))) != values[i]) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  return true;
+}
+
 // tuple(x) of a Python sequence attribute or method result (the fallback of tensor_layout).
 PyObject* tuple_of_attr(PyObject* tensor, const char* name, bool call) {
   PyObject* v = call ? PyObject_CallMethod(tensor, name, nullptr) : PyObject_GetAttrString(tensor, name);
@@ -106,11 +130,8 @@ PyObject* tuple_of_attr(PyObject* tensor, const char* name, bool call) {
 
 int tensor_layout(PyObject* tensor, PyObject** shape, PyObject** stride) {
   *shape = *stride = nullptr;
-  c10::TensorImpl* impl = g_tensor_type != nullptr && PyObject_TypeCheck(tensor, g_tensor_type) ? impl_of(tensor)
-                                                                                                 : nullptr;
-  // a plain tensor's sizes are fields; a Python subclass's or a symbolic one's may be answered by Python
-  if (impl != nullptr && !impl->has_symbolic_sizes_strides() &&
-      !impl->key_set().has(c10::DispatchKey::Python)) {
+  c10::TensorImpl* impl = plain_impl(tensor);
+  if (impl != nullptr) {
     try {
       *shape = int_tuple(impl->sizes());
       *stride = *shape != nullptr ? int_tuple(impl->strides()) : nullptr;
@@ -119,7 +140,6 @@ int tensor_layout(PyObject* tensor, PyObject** shape, PyObject** stride) {
       PyErr_Format(PyExc_RuntimeError, "lazy: could not read a tensor's sizes: %s", e.what());
     }
   } else {
-    PyErr_Clear();
     *shape = tuple_of_attr(tensor, "shape", false);
     *stride = *shape != nullptr ? tuple_of_attr(tensor, "stride", true) : nullptr;
   }
@@ -132,29 +152,12 @@ int tensor_layout(PyObject* tensor, PyObject** shape, PyObject** stride) {
 
 int host_tensor_matches(PyObject* tensor, PyObject* shape, PyObject* stride, long long offset, const char* device,
                         long long index, int requires_grad) {
-  if (g_tensor_type == nullptr || !PyObject_TypeCheck(tensor, g_tensor_type) || !PyTuple_Check(shape) ||
-      !PyTuple_Check(stride)) {
-    return -1;
-  }
-  c10::TensorImpl* impl = impl_of(tensor);
-  if (impl == nullptr) {
-    PyErr_Clear();
-    return -1;
-  }
-  if (impl->has_symbolic_sizes_strides() || impl->key_set().has(c10::DispatchKey::Python)) return -1;
+  c10::TensorImpl* impl = PyTuple_Check(shape) && PyTuple_Check(stride) ? plain_impl(tensor) : nullptr;
+  if (impl == nullptr) return -1;
   try {
-    c10::IntArrayRef sizes = impl->sizes(), strides = impl->strides();
-    if (static_cast<Py_ssize_t>(sizes.size()) != PyTuple_GET_SIZE(shape) ||
-        static_cast<Py_ssize_t>(strides.size()) != PyTuple_GET_SIZE(stride) || impl->storage_offset() != offset ||
-        impl->requires_grad() != (requires_grad != 0)) {
+    if (impl->storage_offset() != offset || impl->requires_grad() != (requires_grad != 0) ||
+        !same_ints(impl->sizes(), shape) || !same_ints(impl->strides(), stride)) {
       return 0;
-    }
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      if (PyLong_AsLongLong(PyTuple_GET_ITEM(shape, static_cast<Py_ssize_t>(i))) != sizes[i] ||
-          PyLong_AsLongLong(PyTuple_GET_ITEM(stride, static_cast<Py_ssize_t>(i))) != strides[i]) {
-        PyErr_Clear();
-        return 0;
-      }
     }
     c10::Device d = impl->device();
     return c10::DeviceTypeName(d.type(), true) == device && (d.has_index() ? d.index() : -1) == index ? 1 : 0;
@@ -182,14 +185,10 @@ int tensor_unshared(PyObject* tensor, PyObject* shape) {
   PyObject** weakrefs = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(tensor) +
                                                      Py_TYPE(tensor)->tp_weaklistoffset);
   if (Py_TYPE(tensor)->tp_weaklistoffset > 0 && *weakrefs != nullptr) return 0;
-  c10::TensorImpl* impl = impl_of(tensor);
-  if (impl == nullptr) {
-    PyErr_Clear();
-    return 0;
-  }
-  if (c10::raw::intrusive_ptr::use_count(impl) != 1 || c10::raw::weak_intrusive_ptr::use_count(impl) != 1 ||
-      impl->has_symbolic_sizes_strides() || impl->key_set().has(c10::DispatchKey::Python) ||
-      !impl->has_storage() || impl->storage_offset() != 0 || !impl->is_contiguous() || impl->requires_grad()) {
+  c10::TensorImpl* impl = plain_impl(tensor);
+  if (impl == nullptr || c10::raw::intrusive_ptr::use_count(impl) != 1 ||
+      c10::raw::weak_intrusive_ptr::use_count(impl) != 1 || !impl->has_storage() || impl->storage_offset() != 0 ||
+      !impl->is_contiguous() || impl->requires_grad()) {
     return 0;
   }
   const c10::Storage& storage = impl->storage();
@@ -198,15 +197,7 @@ int tensor_unshared(PyObject* tensor, PyObject* shape) {
       c10::raw::weak_intrusive_ptr::use_count(st) != 1) {
     return 0;
   }
-  c10::IntArrayRef sizes = impl->sizes();
-  if (static_cast<Py_ssize_t>(sizes.size()) != PyTuple_GET_SIZE(shape)) return 0;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    long long d = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, static_cast<Py_ssize_t>(i)));
-    if (d != sizes[i]) {
-      PyErr_Clear();
-      return 0;
-    }
-  }
+  if (!same_ints(impl->sizes(), shape)) return 0;
   return static_cast<size_t>(storage.nbytes()) == static_cast<size_t>(impl->numel()) * impl->itemsize() ? 1 : 0;
 }
 
