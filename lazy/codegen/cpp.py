@@ -185,19 +185,17 @@ def _fold_selects(root: Expr) -> Expr:
     return memo[root]
 
 
-def _render_ranges(k: Kernel, scope: _Scope, ranges: List[tuple], name: str, indent: str) -> None:
-    """The innermost loop of ``k`` (opened by the caller at ``indent``, closed by it) as one loop per range."""
+def _render_ranges(k: Kernel, scope: _Scope, ranges: List[tuple], name: str, pragma: Optional[str],
+                   indent: str) -> None:
+    """The innermost loop of ``k``, at ``indent``, as one loop per range with its stores; the caller closes the
+    last one."""
     lines = scope.lines
-    outer = indent[:-2]
-    lines.pop()  # the caller's loop over the whole extent, after its pragma (if any), which every range takes
-    pragma = lines[-1] if lines and lines[-1].lstrip().startswith("#pragma") else None
     for n, (start, end, stores) in enumerate(ranges):
-        if n and pragma is not None:
-            lines.append(pragma)
-        lines.append(f"{outer}for (int64_t {name} = {start}; {name} < {end}; ++{name}) {{")
-        _render_stores(_with_stores(k, stores), scope.child(indent), None, {})
-        if n < len(ranges) - 1:
-            lines.append(outer + "}")
+        if n:
+            lines.append(indent + "}")
+        lines.extend([pragma] if pragma is not None else [])
+        lines.append(f"{indent}for (int64_t {name} = {start}; {name} < {end}; ++{name}) {{")
+        _render_stores(_with_stores(k, stores), scope.child(indent + "  "), None, {})
 
 
 def _with_stores(k: Kernel, stores: list) -> Kernel:
@@ -244,21 +242,22 @@ def render_kernel(k: Kernel) -> str:
         _hoist_invariants(k, scope)
     split = _interleave(k)  # Note [Interleaved copies]
     step = split.args[1] // INTERLEAVE if split is not None else 0
+    ranges = _ranges(k) if split is None else None  # Note [Concatenations split their loop]
     for i, v in enumerate(k.inner):
         last = i == len(k.inner) - 1
+        pragma = None
         if i == 0 and not k.outer and k.parallel:
-            lines.append(f"{indent}#pragma omp parallel for schedule(static)")
+            pragma = f"{indent}#pragma omp parallel for schedule(static)"
         elif last and tile is None:
-            lines.append(f"{indent}#pragma GCC ivdep")
-        lines.append(_loop(var_names[v], step if v is split else v.args[1], indent))
+            pragma = f"{indent}#pragma GCC ivdep"
+        if last and ranges is not None:  # one loop per range, each under the pragma
+            _render_ranges(k, scope, ranges, var_names[v], pragma, indent)
+        else:
+            lines.extend([pragma] if pragma is not None else [])
+            lines.append(_loop(var_names[v], step if v is split else v.args[1], indent))
         indent += "  "
         depth += 1
-    ranges = _ranges(k) if split is None else None  # Note [Concatenations split their loop]
-    if ranges is not None:
-        _render_ranges(k, scope, ranges, var_names[k.inner[-1]], indent)
-    elif split is None:
-        _render_stores(k, scope.child(indent), tile, arrays)
-    else:
+    if split is not None:
         _render_copies(k, scope.child(indent), split, step)
         rest = split.args[1] % INTERLEAVE
         if rest:  # the innermost loop's last indices, one copy each
@@ -266,6 +265,8 @@ def render_kernel(k: Kernel) -> str:
             lines.append(outer + "}")
             lines.append(f"{outer}for (int64_t {name} = {split.args[1] - rest}; {name} < {split.args[1]}; ++{name}) {{")
             _render_stores(k, scope.child(indent), None, {})
+    elif ranges is None:  # (split in ranges, the stores are in the range loops)
+        _render_stores(k, scope.child(indent), tile, arrays)
     for _ in range(depth):
         indent = indent[:-2]
         lines.append(indent + "}")
