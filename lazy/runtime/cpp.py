@@ -179,7 +179,10 @@ class Program:
             seg[4].extend(frees)
             seg[5] += 1
             seg[6].append(step.name)
-        self.steps = [tuple(s[:3]) + (tuple(s[3]),) + tuple(s[4:]) if s[0] is _SEGMENT else tuple(s) for s in steps]
+        for s in steps:
+            if s[0] is _SEGMENT:
+                s[3] = tuple(s[3])  # allocs: a tuple, as _C.take_buffers takes them
+        self.steps = [tuple(s) for s in steps]
         self.spare_bytes = sum(math.prod(shape) * dtype.itemsize for s in self.steps if s[0] is _SEGMENT
                                for _, shape, dtype in s[3])
         self._spares = None  # Note [Reused outputs] (runtime/spares.py)
