@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import lazy
+from lazy.cache import graph_cache
 from lazy.debug import metrics
 from lazy.device.tensor import live_storages
 from lazy.ir.node import DATA
@@ -154,3 +155,24 @@ def test_failed_graph_does_not_poison_later_steps():
     with pytest.raises(RuntimeError):
         bad.cpu()  # using a failed value raises again
     assert good.cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_a_graph_runs_where_its_data_is():
+    """Note [A graph runs where its data is]: data synced before the backing device changed is still read where it
+    lives, by that device's compiler; leaves on two devices raise a clear error instead of reaching a kernel."""
+    here = lazy.config.backing_device
+    elsewhere = "meta" if here != "meta" else "cpu"
+    x = torch.randn(5, 3)
+    a = x.to("lazy")
+    lazy.mark_step()
+    y = a * 2 + 1
+    with lazy.config.override(backing_device=elsewhere):
+        got = y.cpu()
+    torch.testing.assert_close(got, (x.to(here) * 2 + 1).cpu())
+    assert next(reversed(graph_cache._CACHE))[1] == torch.device(here)  # the key: (graph, device, ...)
+    with lazy.config.override(backing_device="cpu"):
+        b = torch.ones(5, 3).to("lazy")
+        lazy.mark_step()
+    if torch.device(here).type != "cpu":
+        with pytest.raises(RuntimeError, match="one graph reads data on"):
+            (a + b).cpu()

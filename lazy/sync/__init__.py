@@ -63,6 +63,8 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
         pending.extend(computed)
         lin.add_outputs([lin.positions[id(st.value)] for st in computed])
     device = backing_device()
+    if lin.leaves and lin.leaves[0].device != device:
+        device = _device_of_leaves(lin.leaves)
     program, hit = graph_cache.lookup(lin, device)
     try:
         for hook in BEFORE_RUN:
@@ -146,6 +148,20 @@ def mark_step() -> None:
         SYNC_LOG.append(SyncRecord("mark_step", user_frame(), 0, None))
         return
     sync_nodes((), pending, "mark_step")
+
+
+# Note [A graph runs where its data is]
+# ``lazy.config.backing_device`` names where new data goes; a graph recorded before the knob changed (a test's
+# override, a notebook that switches devices) still reads data on the old device. It runs there, with that
+# device's compiler: the knob chosen blindly sent cpu pointers to a Triton kernel. Only the first leaf is compared
+# on the hot path; a graph whose leaves disagree raises here rather than inside a kernel.
+def _device_of_leaves(leaves: Sequence[torch.Tensor]) -> torch.device:
+    devices = {t.device for t in leaves}
+    if len(devices) > 1:
+        raise RuntimeError(f"lazy: one graph reads data on {sorted(map(str, devices))}: lazy tensors synced under "
+                           "different lazy.config.backing_device settings were combined; move them to one device "
+                           "first (.cpu() then .to('lazy'))")
+    return devices.pop()
 
 
 def wait_device_ops() -> None:
