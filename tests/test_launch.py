@@ -153,9 +153,10 @@ def test_attention_without_dropout_launches_asynchronously_and_equals_eager(comp
     launches on the worker, eager's generator is not advanced, and forward and backward equal eager's."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 16, 8) for _ in range(3))
-    want = F.scaled_dot_product_attention(*(t.requires_grad_() for t in (q, k, v)), is_causal=True)
+    on_backing = [t.to(lazy.config.backing_device).requires_grad_() for t in (q, k, v)]
+    want = F.scaled_dot_product_attention(*on_backing, is_causal=True)  # the kernel eager picks there
     want.sum().backward()
-    grads = [t.grad for t in (q, k, v)]
+    want, grads = want.cpu(), [t.grad.cpu() for t in on_backing]
     with lazy.config.override(compiler=compiler):
         for _ in range(3):
             lz = [t.detach().to(L).requires_grad_() for t in (q, k, v)]
