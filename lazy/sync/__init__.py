@@ -63,7 +63,8 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
         pending.extend(computed)
         lin.add_outputs([lin.positions[id(st.value)] for st in computed])
     device = backing_device()
-    if lin.leaves and lin.leaves[0].device != device:
+    first = lin.leaves[0].device if lin.leaves else device
+    if first != device and (first.type != device.type or device.index is not None):  # 'cuda' holds cuda:0's data
         device = _device_of_leaves(lin.leaves)
     program, hit = graph_cache.lookup(lin, device)
     try:
@@ -154,7 +155,8 @@ def mark_step() -> None:
 # ``lazy.config.backing_device`` names where new data goes; a graph recorded before the knob changed (a test's
 # override, a notebook that switches devices) still reads data on the old device. It runs there, with that
 # device's compiler: the knob chosen blindly sent cpu pointers to a Triton kernel. Only the first leaf is compared
-# on the hot path; a graph whose leaves disagree raises here rather than inside a kernel.
+# on the hot path. When it is elsewhere, a graph whose leaves disagree raises here; when a later leaf is, the
+# kernel or ATen call that reads it raises (ATen's "Expected all tensors to be on the same device").
 def _device_of_leaves(leaves: Sequence[torch.Tensor]) -> torch.device:
     devices = {t.device for t in leaves}
     if len(devices) > 1:
