@@ -408,6 +408,72 @@ def free_vars(root: Expr) -> set:
     return {e for e in walk(root) if e.op == "var"}
 
 
+def evaluate(e: Expr, env: Dict[Expr, int]) -> Optional[int]:
+    """The value of an index expression at the loop indices ``env``; None where it reads memory or a scalar."""
+    memo: Dict[Expr, Optional[int]] = {}
+    for x in walk(e):
+        a = [memo[c] for c in children(x)]
+        if x.op == "const":
+            memo[x] = x.args[0]
+        elif x.op == "var":
+            memo[x] = env.get(x)
+        elif None in a or x.op not in _INT_OPS:
+            memo[x] = None
+        else:
+            memo[x] = _INT_OPS[x.op](*a)
+    return memo[e]
+
+
+_INT_OPS = {"iadd": lambda a, b: a + b, "imul": lambda a, b: a * b, "ifloordiv": lambda a, b: a // b,
+            "imod": lambda a, b: a % b, "index_clamp": lambda a, hi: min(max(a, 0), hi),
+            "index_checked": lambda a, n: a}
+
+
+# Note [Probed strides]
+# An index built by a concatenation, a clamp or a split dim (``imod``/``ifloordiv``) has no constant stride in a
+# loop variable, but at most indices it moves as an affine one does: the cat of q, k and v grads moves by one
+# element as its column grows, except where one piece ends (and by none in the pieces a clamp pins). Layout
+# decisions (which loop to tile, which dim to store innermost) read such an index at a few spread points
+# instead: the steps it takes there are its probed strides.
+_PROBES = 16
+
+
+def probed_strides(index: Expr, v: Expr) -> Optional[List[int]]:
+    """How far ``index`` moves when ``v`` grows by one, at ``_PROBES`` spread points of the other variables (Note
+    [Probed strides]); None where the index is not integer arithmetic of loop variables."""
+    n = v.args[1]
+    if n < 2:
+        return None
+    others = sorted(free_vars(index) - {v}, key=lambda u: u.args[0])
+    steps = []
+    for p in range(_PROBES):
+        env = {u: (p * 40503 + 7 * k + 3) * 2654435761 % u.args[1] for k, u in enumerate(others)}
+        env[v] = p * (n - 1) // _PROBES
+        here = evaluate(index, env)
+        env[v] += 1
+        there = evaluate(index, env)
+        if here is None or there is None:
+            return None
+        steps.append(there - here)
+    return steps
+
+
+def stride(index: Expr, v: Expr) -> Optional[int]:
+    """How far ``index`` moves when ``v`` grows by one: a constant, or None where that depends on the indices."""
+    step = iadd(substitute(index, {v: iadd(v, const(1, INDEX))}), imul(index, -1))
+    return step.args[0] if step.op == "const" else None
+
+
+def adjacent(index: Expr, v: Expr) -> bool:
+    """Whether ``index`` moves one element as ``v`` grows: a constant stride of 1, or (Note [Probed strides]) by 0
+    or 1 at three in four probes and by 1 at some: a concatenation's pieces, a clamped index."""
+    k = stride(index, v)
+    if k is not None:
+        return k == 1
+    steps = probed_strides(index, v)
+    return steps is not None and 1 in steps and 4 * sum(st in (0, 1) for st in steps) >= 3 * len(steps)
+
+
 def reduction_body_at(red: Reduction, index: Sequence[Expr]) -> Expr:
     """The reduction's body with its output variables bound to ``index``."""
     return substitute(red.body, dict(zip(red.out_vars, index)))

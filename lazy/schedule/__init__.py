@@ -334,7 +334,7 @@ def _coalesce(vs: List[Expr], indices: List[Expr]) -> Tuple[List[Expr], Dict[Exp
         extent = b.args[1]
         ok = bool(indices)
         for idx in indices:
-            sa, sb = _stride(idx, a), _stride(idx, b)
+            sa, sb = kir.stride(idx, a), kir.stride(idx, b)
             if sa is None or sb is None or sa != extent * sb:
                 ok = False
                 break
@@ -342,7 +342,7 @@ def _coalesce(vs: List[Expr], indices: List[Expr]) -> Tuple[List[Expr], Dict[Exp
             m = kir.var(f"{a.args[0]}_{b.args[0]}", a.args[1] * extent)
             step = {a: kir.ifloordiv(m, extent), b: kir.imod(m, extent)}
             merged = [kir.substitute(idx, step) for idx in indices]
-            if all(_stride(idx, m) is not None for idx in merged):
+            if all(kir.stride(idx, m) is not None for idx in merged):
                 indices = merged
                 mapping = {k: kir.substitute(v, step) for k, v in mapping.items()}
                 mapping.update(step)
@@ -377,22 +377,16 @@ def _flat(vs: List[Expr]) -> Expr:
     return idx
 
 
-def _stride(index: Expr, v: Expr) -> Optional[int]:
-    """How far ``index`` moves when ``v`` grows by one: a constant, or None where that depends on the indices."""
-    step = kir.iadd(kir.substitute(index, {v: kir.iadd(v, kir.const(1, kir.INDEX))}), kir.imul(index, -1))
-    return step.args[0] if step.op == "const" else None
-
-
 def _tile(outer: List[Expr], stages: List[Stage]) -> Optional[Expr]:
     """The outer loop to tile (Note [Column reductions are tiled]): in a kernel where some stage reads its reduced
     loop with a stride (neither 0 nor 1 element), an outer loop in which every load of the stages that depends on
     it is contiguous; None if there is none."""
     loads = [(s, e.args[1]) for s in stages for e in kir.walk(s.body) if e.op == "load"]
-    if not any(s.red.red_vars and _stride(i, s.red.red_vars[-1]) not in (0, 1, -1) for s, i in loads):
+    if not any(s.red.red_vars and kir.stride(i, s.red.red_vars[-1]) not in (0, 1, -1) for s, i in loads):
         return None
     for v in reversed(outer):
-        strides = [_stride(i, v) for _, i in loads if v in kir.free_vars(i)]
-        if v.args[1] > 1 and strides and all(st == 1 for st in strides):
+        reads = [i for _, i in loads if v in kir.free_vars(i)]
+        if v.args[1] > 1 and reads and all(kir.adjacent(i, v) for i in reads):
             return v
     return None
 
