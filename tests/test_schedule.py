@@ -202,6 +202,12 @@ def test_column_reductions_are_tiled():
     assert tile_of(lambda x: x.sum(1), x) is None
     assert tile_of(lambda x: x.softmax(-1), x) is None
     assert tile_of(lambda x: x.sum(), x) is None
+    # the bias gradient of a fused q/k/v projection: the cat of three [B, H, T, D] grads, as [B*T, 3*H*D], summed
+    # over its rows; the cat's index moves by one along its columns except where a piece or a head ends (Note
+    # [Probed strides] in lower/kir.py)
+    q, k, v = (torch.randn(2, 3, 8, 4) for _ in range(3))
+    cat = lambda q, k, v: torch.cat([t.transpose(1, 2) for t in (q, k, v)], -1).reshape(16, 36).sum(0)  # noqa: E731
+    assert tile_of(cat, q, k, v) == "x0"
 
 
 def test_equal_reductions_run_once():
@@ -288,3 +294,37 @@ def test_contiguous_loops_are_merged():
     _, _, program = run(lambda w: w * 0.9 + 0.1, torch.randn(6, 1, 3, 3))  # a loop of one iteration is dropped
     assert program.kernel_ir.splitlines()[0].count("<") == 1 and "<54]" in program.kernel_ir.splitlines()[0]
     torch.testing.assert_close(x.sum(0).to("lazy").cpu(), x.sum(0))
+
+
+def test_a_matmul_input_is_stored_in_its_producers_order(backend):
+    """Note [Matmul inputs in their producer's layout]: the weight gradient of a fused q/k/v projection multiplies
+    the transpose of the cat of three [B, H, T, D] grads; the cat is stored as eager stores it, [B*T, 3*H*D] (its
+    loads adjacent along the columns), and mm reads the transpose view, as eager's does."""
+    q, k, v = (torch.randn(2, 3, 8, 4) for _ in range(3))
+    x = torch.randn(16, 5)
+
+    def weight_grad(q, k, v, x):
+        grad = torch.cat([t.transpose(1, 2) for t in (q, k, v)], -1).reshape(16, 36)
+        return grad.t() @ x
+
+    kernels, externs, program = run(weight_grad, q, k, v, x)
+    assert (kernels, externs) == (1, 1)
+    assert "store buf" in program.kernel_ir and " [16, 36]:" in program.kernel_ir, program.kernel_ir
+    # a transposed product is stored in its operand's order; an input adjacent along its last dim keeps its order
+    a, b = torch.randn(7, 6), torch.randn(7, 3)
+    assert " [7, 6]:" in run(lambda a, b: (a * 2).t() @ b, a, b)[2].kernel_ir
+    assert " [6, 7]:" in run(lambda a, b: (a * 2) @ b, a.t().contiguous(), b)[2].kernel_ir
+
+
+def test_an_extern_input_is_stored_once(backend):
+    """Note [Extern inputs are stored once]: gelu's output, read by the next layer's matmul and (transposed) by its
+    weight gradient, is stored once for both."""
+    g = torch.Generator().manual_seed(5)
+    x, w1, w2, dy = (torch.randn(*s, generator=g) for s in ((12, 8), (8, 16), (16, 4), (12, 4)))
+
+    def mlp(x, w1, w2, dy):
+        h = F.gelu(x @ w1, approximate="tanh")
+        return h @ w2, h.t() @ dy
+
+    kernels, externs, program = run(mlp, x, w1, w2, dy)
+    assert (kernels, externs) == (1, 3) and program.kernel_ir.count(" store ") == 1, program.kernel_ir

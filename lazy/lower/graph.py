@@ -82,6 +82,7 @@ class Lowered:
         self.scalar_kinds: List[type] = []
         self.num_buffers = 0
         self.externs_by_op: Dict[str, int] = {}
+        self._extern_inputs: Dict[tuple, kir.Buffer] = {}
 
     def buffer(self, shape: Sequence[int], dtype: torch.dtype, strides: Optional[Sequence[int]] = None,
                kind: str = "temp") -> kir.Buffer:
@@ -92,9 +93,20 @@ class Lowered:
     def realize(self, v: TVal) -> kir.Buffer:
         if v.buffer is not None:
             return v.buffer
-        buf = self.buffer(v.shape, v.dtype)
         vs = vars_for(v.shape, "x")
-        self.steps.append(Store(buf, vs, v(vs)))
+        return self.store(v.shape, v.dtype, vs, v(vs))
+
+    def store(self, shape: Sequence[int], dtype: torch.dtype, vs: List[kir.Expr], e: kir.Expr,
+              shared: bool = False) -> kir.Buffer:
+        """A new buffer holding ``e`` at the loop indices ``vs``; with ``shared``, the buffer an earlier extern
+        input of the same value was stored in (Note [Extern inputs are stored once])."""
+        key = (e, tuple(shape), dtype)  # the loop variables carry their extents: equal keys, equal contents
+        buf = self._extern_inputs.get(key) if shared else None
+        if buf is None:
+            buf = self.buffer(shape, dtype)
+            self.steps.append(Store(buf, vs, e))
+            if shared:
+                self._extern_inputs[key] = buf
         return buf
 
 
@@ -280,13 +292,66 @@ def _strided_view(v: TVal) -> Optional[tuple]:
     return buf, None if whole else (v.shape, strides, offset)
 
 
+# Note [Extern inputs are stored once]
+# A value that no kernel keeps (gelu's output: cheap enough to recompute in each kernel that reads it) is stored
+# for each extern that reads it: the MLP's second matmul in the forward and its weight gradient in the backward
+# read the same gelu output, and each stored it again (a 100 MB pass per layer of a GPT step at batch 64). Extern
+# inputs are keyed by what they store (the interned expression, shape and dtype), so the second extern reads the
+# first one's buffer; with Note [Matmul inputs in their producer's layout] the transposed read of the backward
+# stores the same expression in the same order. Only extern inputs share: two graph outputs stay two buffers.
+
+# Note [Matmul inputs in their producer's layout]
+# A matmul's input computed by a kernel is stored in the order its kernel reads memory in, and the matmul reads it
+# as a view: the weight gradient of a fused q/k/v projection multiplies the transpose of the cat of the three
+# attention grads, which eager stores as the cat ([B*T, 3*C], rows adjacent) and hands to mm as a transpose view.
+# Stored in the view's own order instead, every load of the kernel strode a head's width: on an H100 that kernel
+# took 0.42 ms of a GPT step at batch 64 where the cat takes 0.05. So where the innermost dim's loads are not
+# adjacent and another dim's all are (kir.adjacent), that dim is stored innermost. Only for matmuls: their
+# results are contiguous whatever their inputs' strides, so the buffer plan's meta layout stays true.
+_ANY_LAYOUT = frozenset((torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm))
+
+
+def _realize_adjacent(out: Lowered, v: TVal) -> tuple:
+    """(buffer, view) of a matmul's input ``v`` stored with its adjacent dim innermost (Note [Matmul inputs in
+    their producer's layout]); the view is None when that is ``v``'s own order."""
+    vs = vars_for(v.shape, "x")
+    reads = [e.args[1] for e in kir.walk(v(vs)) if e.op == "load"]
+
+    def adjacent(d: int) -> bool:
+        mine = [i for i in reads if vs[d] in kir.free_vars(i)]
+        return bool(mine) and v.shape[d] > 1 and all(kir.adjacent(i, vs[d]) for i in mine)
+
+    inner = None if len(vs) < 2 or adjacent(len(vs) - 1) else \
+        next((d for d in reversed(range(len(vs) - 1)) if adjacent(d)), None)
+    if inner is None:
+        return out.store(v.shape, v.dtype, vs, v(vs), shared=True), None
+    perm = [d for d in range(len(vs)) if d != inner] + [inner]
+    shape = [v.shape[d] for d in perm]
+    stored = vars_for(shape, "x")
+    index: List[Any] = [None] * len(vs)
+    for j, d in enumerate(perm):
+        index[d] = stored[j]
+    buf = out.store(shape, v.dtype, stored, v(index), shared=True)
+    strides = [0] * len(vs)
+    for j, d in enumerate(perm):
+        strides[d] = buf.strides[j]
+    return buf, (tuple(v.shape), tuple(strides), 0)
+
+
 def _extern(out: Lowered, fn: Any, args: tuple, kwargs: tuple, ins: List[Any], slots: List[int], meta: Any,
             multi: bool) -> Any:
     bufs: List[kir.Buffer] = []
     views: List[Optional[tuple]] = []
+    any_layout = getattr(fn, "overloadpacket", None) in _ANY_LAYOUT
     for v in ins:
         view = _strided_view(v) if v.buffer is None else None
-        buf, spec = view if view is not None else (out.realize(v), None)
+        if view is None and v.buffer is None:
+            if any_layout:
+                view = _realize_adjacent(out, v)
+            else:
+                vs = vars_for(v.shape, "x")
+                view = out.store(v.shape, v.dtype, vs, v(vs), shared=True), None
+        buf, spec = view if view is not None else (v.buffer, None)
         bufs.append(buf)
         views.append(spec)
     metas = meta if multi else (meta,)
