@@ -305,49 +305,86 @@ def _strided_view(v: TVal) -> Optional[tuple]:
 # as a view: the weight gradient of a fused q/k/v projection multiplies the transpose of the cat of the three
 # attention grads, which eager stores as the cat ([B*T, 3*C], rows adjacent) and hands to mm as a transpose view.
 # Stored in the view's own order instead, every load of the kernel strode a head's width: on an H100 that kernel
-# took 0.42 ms of a GPT step at batch 64 where the cat takes 0.05. So where the innermost dim's loads are not
-# adjacent and another dim's all are (kir.adjacent), that dim is stored innermost. Only for matmuls: their
-# results are contiguous whatever their inputs' strides, so the buffer plan's meta layout stays true.
+# took 0.42 ms of a GPT step at batch 64 where the cat takes 0.05. So the dims are stored in the order of the
+# strides the kernel's loads take along them (kir.typical_stride), largest outermost: the order of the memory
+# the value is computed from. Only for matmuls, whose results are contiguous whatever their inputs' strides (so
+# the buffer plan's layout stays true), and attention (Note [Attention results keep their layout]).
 _ANY_LAYOUT = frozenset((torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm))
 
+# Note [Attention results keep their layout]
+# The fused attention kernels take q, k and v with any strides (the last one 1) and return results laid out as
+# they choose: the output as [B, T, H, D] seen through a transpose, the gradients in their inputs' layout. Stored
+# contiguous, as every other extern's results are (runtime/cpp.py run_extern), each cost a copy: 4 of a GPT
+# layer's step, 0.8 ms of a 34 ms step at batch 64 on an H100. So their inputs are stored in their producer's
+# order (Note [Matmul inputs in their producer's layout]: q, k and v stay the [B, T, H, D] of the projection that
+# made them, as eager's are), and their results' buffers take the strides the op's meta kernel gives for those
+# inputs. A run whose result has other strides (a meta kernel that disagrees) copies it into the planned layout.
+_STRIDED_RESULTS = frozenset(getattr(torch.ops.aten, name) for name in (
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward")
+    if hasattr(torch.ops.aten, name))
 
-def _realize_adjacent(out: Lowered, v: TVal) -> tuple:
-    """(buffer, view) of a matmul's input ``v`` stored with its adjacent dim innermost (Note [Matmul inputs in
-    their producer's layout]); the view is None when that is ``v``'s own order."""
+
+def _result_strides(target: Any, args: tuple, kwargs: tuple, bufs: List[kir.Buffer],
+                    views: List[Optional[tuple]], metas: Sequence[Any]) -> List[Optional[tuple]]:
+    """The strides of each result of ``target`` as its meta kernel lays them out for these input layouts (Note
+    [Attention results keep their layout]); None for a result it does not describe."""
+    ins = [torch.empty_strided(*(view[:2] if view is not None else (b.shape, b.strides)), dtype=b.dtype,
+                               device="meta") for b, view in zip(bufs, views)]
+    it = iter(ins)
+    placeholder = lambda marker: _kind(marker)()  # noqa: E731 -- 0, 0.0 or False: no layout depends on them
+    try:
+        a = _fill(args, it, placeholder)
+        kw = {k: _fill(v, it, placeholder) for k, v in kwargs}
+        results = target(*a, **kw)
+    except Exception:  # noqa: BLE001 -- no meta kernel for these arguments: results stored contiguous
+        return [None] * len(metas)
+    results = results if isinstance(results, (tuple, list)) else (results,)
+    return [tuple(r.stride()) if m is not None and isinstance(r, torch.Tensor) and tuple(r.shape) == tuple(m[0])
+            else None for r, m in zip(results, metas)]
+
+
+def _producer_order(out: Lowered, v: TVal) -> tuple:
+    """(buffer, view) of an extern input ``v`` stored with its dims in the order its loads stride through memory,
+    largest first (Note [Matmul inputs in their producer's layout]); the view is None when that is ``v``'s own
+    order, or when some dim's stride cannot be told (a gather): then ``v`` is stored in its own order."""
     vs = vars_for(v.shape, "x")
     reads = [e.args[1] for e in kir.walk(v(vs)) if e.op == "load"]
-
-    def adjacent(d: int) -> bool:
-        mine = [i for i in reads if vs[d] in kir.free_vars(i)]
-        return bool(mine) and v.shape[d] > 1 and all(kir.adjacent(i, vs[d]) for i in mine)
-
-    inner = None if len(vs) < 2 or adjacent(len(vs) - 1) else \
-        next((d for d in reversed(range(len(vs) - 1)) if adjacent(d)), None)
-    if inner is None:
+    strides = []
+    for d, x in enumerate(vs):
+        steps = [kir.typical_stride(i, x) for i in reads if x in kir.free_vars(i)]
+        if None in steps and v.shape[d] > 1:
+            steps = []
+            break
+        strides.append(max((abs(st) for st in steps if st is not None), default=0))
+    perm = sorted(range(len(vs)), key=lambda d: -strides[d]) if len(strides) == len(vs) else list(range(len(vs)))
+    if perm == list(range(len(vs))):
         return out.store(v.shape, v.dtype, vs, v(vs), shared=True), None
-    perm = [d for d in range(len(vs)) if d != inner] + [inner]
     shape = [v.shape[d] for d in perm]
     stored = vars_for(shape, "x")
     index: List[Any] = [None] * len(vs)
     for j, d in enumerate(perm):
         index[d] = stored[j]
     buf = out.store(shape, v.dtype, stored, v(index), shared=True)
-    strides = [0] * len(vs)
+    view_strides = [0] * len(vs)
     for j, d in enumerate(perm):
-        strides[d] = buf.strides[j]
-    return buf, (tuple(v.shape), tuple(strides), 0)
+        view_strides[d] = buf.strides[j]
+    return buf, (tuple(v.shape), tuple(view_strides), 0)
 
 
 def _extern(out: Lowered, fn: Any, args: tuple, kwargs: tuple, ins: List[Any], slots: List[int], meta: Any,
             multi: bool) -> Any:
     bufs: List[kir.Buffer] = []
     views: List[Optional[tuple]] = []
-    any_layout = getattr(fn, "overloadpacket", None) in _ANY_LAYOUT
+    target = getattr(fn, "target", fn)  # an unseeded op's (Note [Random ops that draw nothing])
+    packet = getattr(target, "overloadpacket", None)
+    any_layout = packet in _ANY_LAYOUT or packet in _STRIDED_RESULTS
     for v in ins:
         view = _strided_view(v) if v.buffer is None else None
         if view is None and v.buffer is None:
             if any_layout:
-                view = _realize_adjacent(out, v)
+                view = _producer_order(out, v)
             else:
                 vs = vars_for(v.shape, "x")
                 view = out.store(v.shape, v.dtype, vs, v(vs), shared=True), None
@@ -355,7 +392,9 @@ def _extern(out: Lowered, fn: Any, args: tuple, kwargs: tuple, ins: List[Any], s
         bufs.append(buf)
         views.append(spec)
     metas = meta if multi else (meta,)
-    outs = [out.buffer(m[0], m[1], kind="extern") if m is not None else None for m in metas]
+    strides = _result_strides(target, args, kwargs, bufs, views, metas) if packet in _STRIDED_RESULTS else \
+        [None] * len(metas)
+    outs = [out.buffer(m[0], m[1], st, kind="extern") if m is not None else None for m, st in zip(metas, strides)]
     out.steps.append(Extern(fn, args, kwargs, bufs, slots, outs, views))
     name = op_name(fn)
     out.externs_by_op[name] = out.externs_by_op.get(name, 0) + 1

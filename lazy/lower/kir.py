@@ -474,6 +474,19 @@ def adjacent(index: Expr, v: Expr) -> bool:
     return steps is not None and 1 in steps and 4 * sum(st in (0, 1) for st in steps) >= 3 * len(steps)
 
 
+def typical_stride(index: Expr, v: Expr) -> Optional[int]:
+    """The stride of ``index`` in ``v``: the constant one, or the step its probes take most often other than 0
+    (Note [Probed strides]); 0 where it never moves; None where it cannot be told."""
+    k = stride(index, v)
+    if k is not None:
+        return k
+    steps = probed_strides(index, v)
+    if steps is None:
+        return None
+    moves = [st for st in steps if st != 0]
+    return max(set(moves), key=moves.count) if moves else 0
+
+
 def reduction_body_at(red: Reduction, index: Sequence[Expr]) -> Expr:
     """The reduction's body with its output variables bound to ``index``."""
     return substitute(red.body, dict(zip(red.out_vars, index)))

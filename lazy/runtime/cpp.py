@@ -26,6 +26,7 @@ from ..config import config
 from ..debug import metrics
 from ..debug.log import log
 from ..ir.graph import Linearized, format_graph
+from ..ir.layout import contiguous_stride
 from ..ir.node import DATA
 from ..lower import Extern, lower
 from ..schedule import Kernel, format_schedule, schedule
@@ -315,21 +316,30 @@ def extern_call(step: Extern) -> tuple:
     fn = _direct(EXEC_OVERRIDES.get(step.fn, step.fn))
     views = tuple((j, v) for j, v in enumerate(step.views) if v is not None)
     return (fn, step.args, step.kwargs, _plan_args(step.args, step.kwargs), tuple(b.id for b in step.inputs), views,
-            tuple(step.slots), tuple((b.id if b is not None else None) for b in step.outputs))
+            tuple(step.slots), tuple((b.id if b is not None else None) for b in step.outputs),
+            tuple((b.strides if b is not None and b.strides != contiguous_stride(b.shape) else None)
+                  for b in step.outputs))
 
 
 def run_extern(call: tuple, values: List[Any], scalars: Sequence[Any], device: torch.device) -> List[tuple]:
     """An extern step of a compiled program, ``call`` made by ``extern_call``: the ATen
     call on its input buffers (affine views passed as strided views, Note [Extern inputs are views] in
-    lower/graph.py); returns (buffer id, contiguous result) for each output the program keeps."""
-    fn, args, kwargs, plan, ins, views, slots, outs = call
+    lower/graph.py); returns (buffer id, result in its planned layout) for each output the program keeps: contiguous
+    but where the lowering planned the op's own (Note [Attention results keep their layout])."""
+    fn, args, kwargs, plan, ins, views, slots, outs, layouts = call
     ivals = [values[i] for i in ins]
     for j, (shape, strides, offset) in views:
         base = ivals[j]
         ivals[j] = base.as_strided(shape, strides, base.storage_offset() + offset)
     result = _call_extern(fn, args, kwargs, plan, ivals, scalars, slots, device)
     results = result if len(outs) > 1 or isinstance(result, (tuple, list)) else (result,)
-    return [(i, t if t.is_contiguous() else t.contiguous()) for i, t in zip(outs, results) if i is not None]
+    return [(i, (t if t.is_contiguous() else t.contiguous()) if st is None else t if t.stride() == st else
+             _relaid(t, st)) for i, t, st in zip(outs, results, layouts) if i is not None]
+
+
+def _relaid(t: torch.Tensor, strides: tuple) -> torch.Tensor:
+    """``t``'s values in the layout the program planned for them."""
+    return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
 
 
 def _call_extern(fn: Any, args: tuple, kwargs: tuple, plan: Any, ivals: List[Any], scalars: Sequence[Any],
