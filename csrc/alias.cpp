@@ -166,6 +166,33 @@ int host_tensor_matches(PyObject* tensor, PyObject* shape, PyObject* stride, lon
   }
 }
 
+void* host_scalar(PyObject* tensor, int* kind) {
+  c10::TensorImpl* impl = plain_impl(tensor);
+  if (impl == nullptr || Py_TYPE(tensor) != g_tensor_type) return nullptr;
+  try {
+    if (!impl->device().is_cpu() || impl->numel() != 1 || impl->requires_grad() || impl->is_inference() ||
+        !impl->has_storage() || impl->key_set().has(c10::DispatchKey::Conjugate) ||
+        impl->key_set().has(c10::DispatchKey::Negative)) {
+      return nullptr;
+    }
+    caffe2::TypeMeta dtype = impl->dtype();
+    *kind = dtype == caffe2::TypeMeta::Make<float>() ? 0 : dtype == caffe2::TypeMeta::Make<double>() ? 1
+          : dtype == caffe2::TypeMeta::Make<int64_t>() ? 2 : -1;
+    return *kind < 0 ? nullptr : const_cast<void*>(impl->data());
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+}
+
+void bump_version(PyObject* tensor) {
+  c10::TensorImpl* impl = plain_impl(tensor);
+  if (impl == nullptr) return;
+  try {
+    impl->bump_version();
+  } catch (const std::exception&) {  // host_scalar refused inference tensors, the ones without a version counter
+  }
+}
+
 void* tensor_data(PyObject* tensor) {
   c10::TensorImpl* impl = impl_of(tensor);
   if (impl == nullptr) return nullptr;

@@ -32,6 +32,14 @@ int tensor_layout(PyObject* tensor, PyObject** shape, PyObject** stride);
 int host_tensor_matches(PyObject* tensor, PyObject* shape, PyObject* stride, long long offset, const char* device,
                         long long index, int requires_grad);
 
+// The data of a host step counter (an optimizer's ``state["step"]``): a plain torch.Tensor (no subclass) on the
+// cpu with one element of float32, float64 or int64 (*kind 0, 1, 2), not requiring grad, not an inference tensor,
+// no conjugate or negative view. NULL for any other tensor (never raises).
+void* host_scalar(PyObject* tensor, int* kind);
+
+// Counts an in-place update of a host_scalar tensor in its version counter, as ATen's in-place ops do.
+void bump_version(PyObject* tensor);
+
 // tensor.data_ptr() of a tensor with storage, or NULL with a Python error set (NULL without one: an empty tensor).
 void* tensor_data(PyObject* tensor);
 

@@ -66,6 +66,8 @@ PyMethodDef methods[] = {
     {"data_leaf", lazy::data_leaf_py, METH_O, "data_leaf(tensor): a data leaf Node holding tensor (csrc/replay_io.cpp)."},
     {"replay_inputs", FASTCALL(lazy::replay_inputs), METH_FASTCALL,
      "replay_inputs(tensors, pending, miss) -> the data of each lazy tensor's storage (csrc/replay_io.cpp)."},
+    {"host_steps", FASTCALL(lazy::host_steps), METH_FASTCALL,
+     "host_steps(tensors, adds, values) -> list or None: step counters updated and read (csrc/replay_io.cpp)."},
     {"replay_writes", FASTCALL(lazy::replay_writes), METH_FASTCALL,
      "replay_writes(tensors, outs, indices): bind outs[indices[j]] to tensors[j]'s storage (csrc/replay_io.cpp)."},
     {"take_buffers", FASTCALL(lazy::take_buffers), METH_FASTCALL,

@@ -21,4 +21,9 @@ PyObject* replay_inputs(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 // its version, for each j.
 PyObject* replay_writes(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
+// host_steps(tensors, adds, values) -> list or None: for each j in order, tensors[j] += values[j] (adds[j] True;
+// the tensor is the result) or tensors[j].item(); None, having done nothing, unless every tensor is a host step
+// counter it can update (Note [Host step counters in C] in replay_io.cpp).
+PyObject* host_steps(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+
 }  // namespace lazy

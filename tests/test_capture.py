@@ -110,6 +110,41 @@ def test_training_step_replays_as_eager(kind, opt_name, cpu_backing):
     for name, w in want[1].items():
         torch.testing.assert_close(got[1][name], w, rtol=1e-4, atol=1e-5, msg=name)
     assert got[2] == want[2] and got[3] == want[3]
+    if opt_name == "adamw":  # its step counters: Note [Host step counters in C] (csrc/replay_io.cpp)
+        assert any("_host_steps(" in entry.run_source for entry in fn.entries)
+
+
+def test_host_step_counters_in_c_equal_torch():
+    """_C.host_steps (Note [Host step counters in C]) adds and reads as the torch ops it stands for, in order, with
+    their version bumps; for a tensor or value it cannot vouch for it declines (None) having changed nothing."""
+    from lazy import _C
+
+    def counters():
+        return [torch.tensor(3.5), torch.tensor(2.0, dtype=torch.float64), torch.tensor(7), torch.tensor(16777216.0)]
+
+    want, got = counters(), counters()
+    versions = [t._version for t in got]
+    results = []
+    for t in want:
+        t += 1
+        results.append(t.item())
+    want[0] += 0.1
+    results.append(want[0].item())
+    out = _C.host_steps(tuple(got + [got[0], got[0]]), (True,) * 4 + (True, False),
+                        (1,) * 4 + (0.1, None))
+    assert [r for r in out[:4]] == got and out[5] == results[-1]
+    for w, g, v in zip(want, got, versions):
+        assert w.dtype == g.dtype and torch.equal(w, g)
+        assert g._version > v
+    assert _C.host_steps((got[0],), (False,), (None,)) == [want[0].item()]
+    # declined: an int64 counter and a float value (eager raises), grad, an inference tensor, int32, two elements
+    with torch.inference_mode():
+        frozen = torch.tensor(1.0)
+    for t, value in [(torch.tensor(1), 0.5), (torch.tensor(1.0, requires_grad=True), 1), (frozen, 1),
+                     (torch.tensor(1, dtype=torch.int32), 1), (torch.ones(2), 1)]:
+        before = t.clone()
+        assert _C.host_steps((torch.tensor(0.0), t), (True, True), (1, value)) is None
+        assert torch.equal(t.detach(), before)
 
 
 def test_a_replay_that_cannot_go_on_has_changed_nothing():

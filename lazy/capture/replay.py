@@ -11,6 +11,7 @@ stores the function's Python did, without interpreting or recording anything.
 from __future__ import annotations
 
 import functools
+import operator
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
@@ -54,6 +55,51 @@ def _keys_same(d: Any, keys: tuple) -> bool:
     k = tuple(d.keys())
     return len(k) == len(keys) and all(a is b or (type(a) is type(b) and a == b and not isinstance(a, torch.Tensor))
                                        for a, b in zip(k, keys))
+
+
+def _counter_op(op: Any, added: Dict[int, Any]) -> Optional[tuple]:
+    """(tensor operand, whether it adds, number) of a host op ``_C.host_steps`` may run (Note [Host step counters
+    in C] in csrc/replay_io.cpp): ``t += n`` or ``t.item()``, where ``t`` reads no register but the result of an
+    earlier ``+=`` (``added``: its index -> its tensor operand); else None."""
+    e = op.fn
+    if type(e) is not E:
+        return None
+    if e.op == "call" and e.args[0] is operator.iadd and not e.args[2] and len(e.args[1]) == 2 \
+            and type(e.args[1][1]) in (int, float):
+        t, add, value = e.args[1][0], True, e.args[1][1]
+    elif e.op == "meth" and e.args[1] == "item" and not e.args[2] and not e.args[3]:
+        t, add, value = e.args[0], False, None
+    else:
+        return None
+    if type(t) is E and t.op == "reg":
+        t = added.get(t.args[0])
+    return None if t is None or _reads_register(t) else (t, add, value)
+
+
+def _reads_register(e: Any) -> bool:
+    if type(e) is E:
+        return e.op == "reg" or any(_reads_register(a) for a in e.args)
+    return type(e) is tuple and any(_reads_register(a) for a in e)
+
+
+def _host_runs(ops: List[Any]) -> List[tuple]:
+    """The host ops as (ops, counters): maximal runs of consecutive step-counter ops with what ``_counter_op``
+    made of each, and each other op alone (counters None)."""
+    runs: List[tuple] = []
+    added: Dict[int, Any] = {}
+    for op in ops:
+        counter = _counter_op(op, added)
+        if counter is None:
+            runs.append(([op], None))
+            continue
+        if counter[1]:
+            added[op.index] = counter[0]
+        if runs and runs[-1][1] is not None:
+            runs[-1][0].append(op)
+            runs[-1][1].append(counter)
+        else:
+            runs.append(([op], [counter]))
+    return runs
 
 
 def _snapshot(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -164,8 +210,20 @@ class Entry:
         body: List[str] = []
         if s.host_ops:
             body.append(f"R = [None] * {len(s.host_ops)}")
-        for op in s.host_ops:
-            body.append(f"R[{op.index}] = {r.expr(op.fn)}")
+        for run, counters in _host_runs(s.host_ops):
+            lines = [f"R[{op.index}] = {r.expr(op.fn)}" for op in run]
+            if counters is None or len(run) < 2:
+                body.extend(lines)
+                continue
+            # Note [Host step counters in C] (csrc/replay_io.cpp): the run in C, or as Python where it declines
+            tensors = "".join(f"{r.expr(t)}, " for t, _, _ in counters)
+            adds = "".join(f"{add}, " for _, add, _ in counters)
+            values = "".join(f"{r.const(v)}, " for _, _, v in counters)
+            body.append(f"H = _host_steps(({tensors}), ({adds}), ({values}))")
+            body.append("if H is None:")
+            body.extend("    " + line for line in lines)
+            body.append("else:")
+            body.append(f"    R[{run[0].index}:{run[-1].index + 1}] = H")
         lin = plan.lin
         storage_inputs = [e for kind, e in plan.inputs if kind == "storage"] if lin is not None else []
         if storage_inputs:
@@ -215,8 +273,8 @@ class Entry:
         body.extend(stores)
         body.append("return result")
         fn = compile_function("replay", "A", r.preamble + body, r.consts)
-        fn.__globals__.update(_storage_inputs=_storage_inputs, _snapshot=_snapshot, _write_all=_C.replay_writes,
-                              _write_bound=_write_bound, _new=new_tensor, _leaf=data_leaf, _consumed=_consumed)
+        fn.__globals__.update(_host_steps=_C.host_steps, _storage_inputs=_storage_inputs, _snapshot=_snapshot,
+                              _write_all=_C.replay_writes, _write_bound=_write_bound, _new=new_tensor, _leaf=data_leaf, _consumed=_consumed)
         self.run_source = fn.__lazy_source__
         return fn
 
