@@ -145,7 +145,7 @@ def ddp_steps(kind: str, opt_name: str, device: str, steps: int, compiled: bool,
 def check_captured_ddp(kind: str, opt_name: str, **ddp_options) -> None:
     """Captured DDP steps (lazy.compile) equal eager DDP's, step for step: the replays run the gradient all-reduces.
     The first two calls run plainly (the optimizer creates its state; DDP rebuilds its buckets: Note [DDP's bucket
-    rebuild breaks once] in lazy/capture/lookaside.py, unless it looks for unused parameters, then it never
+    rebuild breaks once] in lazy/capture/method_models.py, unless it looks for unused parameters, then it never
     rebuilds), the next one captures, the rest replay."""
     steps = 6
     want_losses, want_state, _ = ddp_steps(kind, opt_name, "cpu", steps, compiled=False, **ddp_options)

@@ -212,7 +212,7 @@ class CapturePolicy(Policy):
         if type(m) is New and name in m.attrs:
             return m.attrs[name]
         if is_tensor(v):
-            from .lookaside import tensor_attribute
+            from .method_models import tensor_attribute
             return tensor_attribute(self, obj, name)
         value = getattr(v, name)
         if type(m) is Bound and m.name == "<super>":  # super(cls, obj).name: bound to obj
@@ -358,7 +358,7 @@ class CapturePolicy(Policy):
                 return Box(value, X.binary(op.rstrip("=") if op.endswith("=") and op not in ("==",) else op,
                                            _operand(a), _operand(b)))
             return Box(value)
-        from .lookaside import sequence_binary
+        from .builtin_models import sequence_binary
         return sequence_binary(self, op, a, b)
 
     def unary(self, op: str, a: Box) -> Box:
