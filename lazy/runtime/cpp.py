@@ -26,16 +26,15 @@ from ..config import config
 from ..debug import metrics
 from ..debug.log import log
 from ..ir.graph import Linearized, format_graph
-from ..ir.layout import contiguous_stride
 from ..ir.node import DATA
 from ..lower import Extern, lower
 from ..schedule import Kernel, format_schedule, schedule
 from . import pages
 from .spares import BUDGET
 from .cpp_isa import IsaError, target, target_isa  # noqa: F401 -- benchmarks/machine.py reports target_isa
-from .reference import EXEC_OVERRIDES, _direct, _fill, eager_dispatch
+from .externs import extern_call, run_extern
+from .reference import eager_dispatch
 from .reference import Program as ReferenceProgram
-from .reference import _plan as _plan_args
 
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-fno-trapping-math", "-fwrapv",
          "-ffp-contract=off", "-fno-tree-loop-distribute-patterns")
@@ -229,6 +228,8 @@ class Program:
         _C.pack_scalars(scalars, fs, is_)  # float(s) and int(s) of each number, in C (~0.3 us each in Python)
         timer = _Timer(self) if config.debug >= 3 else None
         check_alias = bool(self.arena_views) and self.keep_arena
+        lo = arena.data_ptr()
+        hi = lo + arena.numel()
         launched = reused = 0
         spares = BUDGET.admit(self)
         address = ctypes.addressof(ptrs)
@@ -249,10 +250,12 @@ class Program:
                     _, label, call, frees = step
                     start = time.perf_counter() if timer is not None else 0.0
                     for i, t in run_extern(call, values, scalars, self.device):
-                        if check_alias and _inside(t, arena):  # a view of an arena buffer: copy it out
+                        p = t.data_ptr()
+                        if check_alias and lo <= p < hi:  # a view of an arena buffer: copy it out
                             t = t.clone()
+                            p = t.data_ptr()
                         values[i] = t
-                        ptrs[i] = t.data_ptr()
+                        ptrs[i] = p
                     if timer is not None:
                         timer.add(f"extern {label}", time.perf_counter() - start)
                 for i in frees:
@@ -302,55 +305,6 @@ def _view(arena: torch.Tensor, offset: int, shape: Sequence[int], dtype: torch.d
     for d in shape:
         n *= d
     return arena[offset:offset + n * dtype.itemsize].view(dtype).view(shape)
-
-
-def _inside(t: torch.Tensor, arena: torch.Tensor) -> bool:
-    p = t.untyped_storage().data_ptr()
-    base = arena.data_ptr()
-    return base <= p < base + arena.numel()
-
-
-def extern_call(step: Extern) -> tuple:
-    """What a compiled program keeps of an extern step to run it (``run_extern``): the callable, its argument
-    template and plan, input buffer ids, the inputs passed as views, scalar slots, output buffer ids."""
-    fn = _direct(EXEC_OVERRIDES.get(step.fn, step.fn))
-    views = tuple((j, v) for j, v in enumerate(step.views) if v is not None)
-    return (fn, step.args, step.kwargs, _plan_args(step.args, step.kwargs), tuple(b.id for b in step.inputs), views,
-            tuple(step.slots), tuple((b.id if b is not None else None) for b in step.outputs),
-            tuple((b.strides if b is not None and b.strides != contiguous_stride(b.shape) else None)
-                  for b in step.outputs))
-
-
-def run_extern(call: tuple, values: List[Any], scalars: Sequence[Any], device: torch.device) -> List[tuple]:
-    """An extern step of a compiled program, ``call`` made by ``extern_call``: the ATen
-    call on its input buffers (affine views passed as strided views, Note [Extern inputs are views] in
-    lower/graph.py); returns (buffer id, result in its planned layout) for each output the program keeps: contiguous
-    but where the lowering planned the op's own (Note [Attention results keep their layout])."""
-    fn, args, kwargs, plan, ins, views, slots, outs, layouts = call
-    ivals = [values[i] for i in ins]
-    for j, (shape, strides, offset) in views:
-        base = ivals[j]
-        ivals[j] = base.as_strided(shape, strides, base.storage_offset() + offset)
-    result = _call_extern(fn, args, kwargs, plan, ivals, scalars, slots, device)
-    results = result if len(outs) > 1 or isinstance(result, (tuple, list)) else (result,)
-    return [(i, (t if t.is_contiguous() else t.contiguous()) if st is None else t if t.stride() == st else
-             _relaid(t, st)) for i, t, st in zip(outs, results, layouts) if i is not None]
-
-
-def _relaid(t: torch.Tensor, strides: tuple) -> torch.Tensor:
-    """``t``'s values in the layout the program planned for them."""
-    return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
-
-
-def _call_extern(fn: Any, args: tuple, kwargs: tuple, plan: Any, ivals: List[Any], scalars: Sequence[Any],
-                 slots: tuple, device: torch.device) -> Any:
-    if plan is None:
-        it, sc = iter(ivals), iter([scalars[s] for s in slots])
-        return fn(*_fill(args, it, sc, device), **{k: _fill(v, it, sc, device) for k, v in kwargs})
-    aplan, kwplan = plan
-    a = [x if k == 0 else ivals[x] if k == 1 else scalars[slots[x]] for k, x in aplan]
-    kw = {name: x if k == 0 else ivals[x] if k == 1 else scalars[slots[x]] for name, k, x in kwplan}
-    return fn(*a, **kw)
 
 
 class _Timer:

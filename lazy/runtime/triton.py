@@ -42,7 +42,8 @@ from ..ir.graph import Linearized
 from ..lower import Extern, lower
 from ..schedule import Kernel, format_schedule, schedule
 from . import triton_build as build
-from .cpp import _raise_kernel_error, describe, extern_call, run_extern
+from .cpp import _raise_kernel_error, describe
+from .externs import extern_call, run_extern
 from .reference import eager_dispatch
 from .reference import Program as ReferenceProgram
 
