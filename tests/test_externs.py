@@ -59,3 +59,15 @@ def test_a_template_with_a_device_takes_the_template_walk():
     assert call[9] is None
     [(i, t)] = run_extern(call, [None], [], CPU)
     assert i == 0 and torch.equal(t, torch.ones(2, 3))
+
+
+def test_a_keyword_python_cannot_spell():
+    """A seeded op takes its seed as the keyword ``lazy.seed`` (Note [The seed of a seeded op] in lazy/ir/ops.py)."""
+    def scaled(x, **kw):
+        return x * kw["lazy.seed"]
+
+    step = Extern(scaled, (TENSOR,), (("lazy.seed", SCALAR_MARKERS[int]),), [kir.Buffer(0, (3,), torch.float32)], [0],
+                  [kir.Buffer(1, (3,), torch.float32)])
+    x = torch.randn(3)
+    [(_, y)] = both(step, [x, None], [7])
+    assert torch.equal(y, x * 7)

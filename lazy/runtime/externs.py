@@ -12,6 +12,7 @@ Templates that nest markers or need a device or a generator run through ``_fill`
 """
 from __future__ import annotations
 
+import keyword
 from typing import Any, Callable, List, Optional, Sequence
 
 import torch
@@ -86,7 +87,11 @@ def _runner(fn: Any, plan: tuple, ins: tuple, views: dict, slots: tuple, outs: t
         return f"scalars[{slots[x]}]"
 
     aplan, kwplan = plan
-    call = ", ".join([arg(k, x) for k, x in aplan] + [f"{name}={arg(k, x)}" for name, k, x in kwplan])
+    if all(name.isidentifier() and not keyword.iskeyword(name) for name, _, _ in kwplan):
+        kw = [f"{name}={arg(k, x)}" for name, k, x in kwplan]
+    else:  # a schema's keyword that Python's call syntax cannot spell
+        kw = ["**{" + ", ".join(f"{name!r}: {arg(k, x)}" for name, k, x in kwplan) + "}"]
+    call = ", ".join([arg(k, x) for k, x in aplan] + kw)
     lines = ["def run(values, scalars):", f"    r = K[0]({call})"]
     if len(outs) == 1:
         lines.append("    r = r[0] if type(r) is tuple or type(r) is list else r")
