@@ -90,11 +90,11 @@ class Lowered:
         self.num_buffers += 1
         return buf
 
-    def realize(self, v: TVal) -> kir.Buffer:
+    def realize(self, v: TVal, shared: bool = False) -> kir.Buffer:
         if v.buffer is not None:
             return v.buffer
         vs = vars_for(v.shape, "x")
-        return self.store(v.shape, v.dtype, vs, v(vs))
+        return self.store(v.shape, v.dtype, vs, v(vs), shared)
 
     def store(self, shape: Sequence[int], dtype: torch.dtype, vs: List[kir.Expr], e: kir.Expr,
               shared: bool = False) -> kir.Buffer:
@@ -350,17 +350,17 @@ def _producer_order(out: Lowered, v: TVal) -> tuple:
     largest first (Note [Matmul inputs in their producer's layout]); the view is None when that is ``v``'s own
     order, or when some dim's stride cannot be told (a gather): then ``v`` is stored in its own order."""
     vs = vars_for(v.shape, "x")
-    reads = [e.args[1] for e in kir.walk(v(vs)) if e.op == "load"]
+    e = v(vs)
+    reads = [x.args[1] for x in kir.walk(e) if x.op == "load"]
     strides = []
     for d, x in enumerate(vs):
         steps = [kir.typical_stride(i, x) for i in reads if x in kir.free_vars(i)]
         if None in steps and v.shape[d] > 1:
-            steps = []
             break
         strides.append(max((abs(st) for st in steps if st is not None), default=0))
     perm = sorted(range(len(vs)), key=lambda d: -strides[d]) if len(strides) == len(vs) else list(range(len(vs)))
     if perm == list(range(len(vs))):
-        return out.store(v.shape, v.dtype, vs, v(vs), shared=True), None
+        return out.store(v.shape, v.dtype, vs, e, shared=True), None
     shape = [v.shape[d] for d in perm]
     stored = vars_for(shape, "x")
     index: List[Any] = [None] * len(vs)
@@ -383,11 +383,7 @@ def _extern(out: Lowered, fn: Any, args: tuple, kwargs: tuple, ins: List[Any], s
     for v in ins:
         view = _strided_view(v) if v.buffer is None else None
         if view is None and v.buffer is None:
-            if any_layout:
-                view = _producer_order(out, v)
-            else:
-                vs = vars_for(v.shape, "x")
-                view = out.store(v.shape, v.dtype, vs, v(vs), shared=True), None
+            view = _producer_order(out, v) if any_layout else (out.realize(v, shared=True), None)
         buf, spec = view if view is not None else (v.buffer, None)
         bufs.append(buf)
         views.append(spec)
