@@ -146,66 +146,68 @@ PyObject* replay_writes(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // run of consecutive such ops in their order: the one-element add ATen's CPU kernel does (float32 in float), the
 // version bump of an in-place op, item's Python number. It checks every tensor first (host_scalar: a plain cpu
 // tensor of one float32, float64 or int64 element, no grad) and every value (an int for an int64 tensor, whose
-// float add eager refuses), and returns None having changed nothing where one fails: the replay then runs those
-// ops through torch.
+// float add eager refuses; one that converts to int64 or double), and returns None having changed nothing where one
+// fails: the replay then runs those ops through torch.
 PyObject* host_steps(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 3 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2]) ||
       PyTuple_GET_SIZE(args[1]) != PyTuple_GET_SIZE(args[0]) || PyTuple_GET_SIZE(args[2]) != PyTuple_GET_SIZE(args[0])) {
     PyErr_SetString(PyExc_TypeError, "host_steps(tensors, adds: tuple of bools, values: tuple), all of one length");
     return nullptr;
   }
+  // Every tensor and value checked, and every value converted, before any counter moves.
+  struct Step {
+    void* data;
+    int kind;  // host_scalar's: 0 float32, 1 float64, 2 int64
+    bool add;
+    double f;
+    long long i;
+  };
   Py_ssize_t n = PyTuple_GET_SIZE(args[0]);
-  std::vector<void*> data(static_cast<size_t>(n));
-  std::vector<int> kinds(static_cast<size_t>(n));
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    int kind = -1;
-    void* p = host_scalar(PyTuple_GET_ITEM(args[0], i), &kind);
-    PyObject* value = PyTuple_GET_ITEM(args[2], i);
-    bool add = PyTuple_GET_ITEM(args[1], i) == Py_True;
-    if (p == nullptr || (add && !(PyLong_Check(value) || (PyFloat_Check(value) && kind != 2)))) Py_RETURN_NONE;
-    data[static_cast<size_t>(i)] = p;
-    kinds[static_cast<size_t>(i)] = kind;
+  std::vector<Step> steps(static_cast<size_t>(n));
+  for (Py_ssize_t j = 0; j < n; ++j) {
+    Step& st = steps[static_cast<size_t>(j)];
+    st.data = host_scalar(PyTuple_GET_ITEM(args[0], j), &st.kind);
+    PyObject* value = PyTuple_GET_ITEM(args[2], j);
+    st.add = PyTuple_GET_ITEM(args[1], j) == Py_True;
+    if (st.data == nullptr || (st.add && !(PyLong_Check(value) || (PyFloat_Check(value) && st.kind != 2)))) {
+      Py_RETURN_NONE;
+    }
+    if (st.add && st.kind == 2) {
+      st.i = PyLong_AsLongLong(value);
+    } else if (st.add) {
+      st.f = PyFloat_AsDouble(value);
+    }
+    if (PyErr_Occurred()) {  // an int beyond int64 or double: torch raises; so does the replay, through torch
+      PyErr_Clear();
+      Py_RETURN_NONE;
+    }
   }
   PyObject* out = PyList_New(n);
   if (out == nullptr) return nullptr;
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* tensor = PyTuple_GET_ITEM(args[0], i);
-    PyObject* value = PyTuple_GET_ITEM(args[2], i);
-    void* p = data[static_cast<size_t>(i)];
-    int kind = kinds[static_cast<size_t>(i)];
+  for (Py_ssize_t j = 0; j < n; ++j) {
+    const Step& st = steps[static_cast<size_t>(j)];
+    PyObject* tensor = PyTuple_GET_ITEM(args[0], j);
     PyObject* result;
-    if (PyTuple_GET_ITEM(args[1], i) == Py_True) {
-      if (kind == 2) {
-        long long v = PyLong_AsLongLong(value);
-        if (v == -1 && PyErr_Occurred()) {
-          Py_DECREF(out);
-          return nullptr;
-        }
-        *static_cast<int64_t*>(p) += v;
+    if (st.add) {
+      if (st.kind == 2) {
+        *static_cast<int64_t*>(st.data) += st.i;
+      } else if (st.kind == 0) {
+        *static_cast<float*>(st.data) = *static_cast<float*>(st.data) + static_cast<float>(st.f);
       } else {
-        double v = PyFloat_AsDouble(value);
-        if (v == -1.0 && PyErr_Occurred()) {
-          Py_DECREF(out);
-          return nullptr;
-        }
-        if (kind == 0) {
-          *static_cast<float*>(p) = *static_cast<float*>(p) + static_cast<float>(v);
-        } else {
-          *static_cast<double*>(p) += v;
-        }
+        *static_cast<double*>(st.data) += st.f;
       }
       bump_version(tensor);
       result = Py_NewRef(tensor);
     } else {
-      result = kind == 2 ? PyLong_FromLongLong(*static_cast<int64_t*>(p))
-                         : PyFloat_FromDouble(kind == 0 ? static_cast<double>(*static_cast<float*>(p))
-                                                        : *static_cast<double*>(p));
+      result = st.kind == 2 ? PyLong_FromLongLong(*static_cast<int64_t*>(st.data))
+                            : PyFloat_FromDouble(st.kind == 0 ? static_cast<double>(*static_cast<float*>(st.data))
+                                                              : *static_cast<double*>(st.data));
       if (result == nullptr) {
         Py_DECREF(out);
         return nullptr;
       }
     }
-    PyList_SET_ITEM(out, i, result);
+    PyList_SET_ITEM(out, j, result);
   }
   return out;
 }

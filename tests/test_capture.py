@@ -137,14 +137,15 @@ def test_host_step_counters_in_c_equal_torch():
         assert w.dtype == g.dtype and torch.equal(w, g)
         assert g._version > v
     assert _C.host_steps((got[0],), (False,), (None,)) == [want[0].item()]
-    # declined: an int64 counter and a float value (eager raises), grad, an inference tensor, int32, two elements
     with torch.inference_mode():
         frozen = torch.tensor(1.0)
+    # declined: an int64 counter and a float value (eager raises), grad, an inference tensor, int32, two elements,
+    # an int beyond int64; the counter before the declined one is left as it was
     for t, value in [(torch.tensor(1), 0.5), (torch.tensor(1.0, requires_grad=True), 1), (frozen, 1),
-                     (torch.tensor(1, dtype=torch.int32), 1), (torch.ones(2), 1)]:
-        before = t.clone()
-        assert _C.host_steps((torch.tensor(0.0), t), (True, True), (1, value)) is None
-        assert torch.equal(t.detach(), before)
+                     (torch.tensor(1, dtype=torch.int32), 1), (torch.ones(2), 1), (torch.tensor(1), 2 ** 70)]:
+        before, first = t.clone(), torch.tensor(0.0)
+        assert _C.host_steps((first, t), (True, True), (1, value)) is None
+        assert torch.equal(t.detach(), before) and first.item() == 0.0
 
 
 def test_a_replay_that_cannot_go_on_has_changed_nothing():
