@@ -9,6 +9,7 @@ must be: graph outputs, extern inputs, and shared values too big to recompute.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -22,6 +23,7 @@ from .pointwise import LOWERINGS
 from .values import SUPPORTED_DTYPES, ScalarArg, TVal, Unlowerable, from_buffer, vars_for
 
 SHARED_INLINE_LIMIT = 48  # a value used twice is recomputed in each consumer only if it costs less (recompute_cost)
+SHARED_FULL_LOADS = 2     # ... and reads at most this many buffers of its own size (Note [Shared values that read much])
 # NOTE: a transcendental function costs ~20 simple ops when vectorized, and a consumer may run it in a scalar loop
 # (a reduction body, a strided store): recomputing gelu's tanh in four consumers cost 4x a stored value's time.
 EXPENSIVE_OPS = {"exp", "log", "tanh", "erf", "sin", "cos", "log1p", "expm1", "sigmoid", "gelu", "gelu_tanh", "pow",
@@ -45,6 +47,25 @@ def recompute_cost(root: kir.Expr) -> int:
         else:
             cost += 1
     return cost
+
+
+# Note [Shared values that read much]
+# recompute_cost counts operations, but a value recomputed in each consumer also reads its inputs again in each. A
+# transformer's residual stream is such a value: x + attn + bias + mlp + bias, a few adds, read by the next
+# LayerNorm and the next residual add, so it stayed inlined and every later consumer summed the whole chain again,
+# reading one full tensor per term (a GPT's LayerNorm backward read 8 tensors of [B*T, C] where one was stored).
+# Storing a value read by N consumers costs one write and N reads; recomputing it costs N reads of each input of
+# its size. So a shared value that reads more than SHARED_FULL_LOADS distinct buffers of at least its own size is
+# stored; small loads (a bias, a broadcast row) stay in cache and do not count.
+def full_loads(root: kir.Expr, numel: int) -> int:
+    """How many distinct buffers of at least ``numel`` elements ``root`` loads."""
+    seen = set()
+    for e in kir.walk(root):
+        if e.op == "load":
+            buf = e.args[0]
+            if math.prod(buf.shape) >= numel:
+                seen.add(buf.id)
+    return len(seen)
 
 
 class Store:
@@ -140,7 +161,9 @@ def lower(lin: Linearized, device: Optional[torch.device] = None) -> Lowered:
         # NOTE: a getitem's value is shared like any node's: batch_norm_backward's weight and bias gradients are
         # reductions read by each of AdamW's update ops, and inlined they were computed again in every kernel
         if isinstance(v, TVal) and v.buffer is None and users.get(id(node), 0) > 1:
-            if recompute_cost(v(vars_for(v.shape, "x"))) > SHARED_INLINE_LIMIT:
+            e = v(vars_for(v.shape, "x"))
+            if recompute_cost(e) > SHARED_INLINE_LIMIT or \
+                    full_loads(e, math.prod(v.shape)) > SHARED_FULL_LOADS:  # Note [Shared values that read much]
                 v = from_buffer(out.realize(v))
         vals[id(node)] = v
     for p in lin.outputs:
