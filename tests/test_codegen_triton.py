@@ -255,9 +255,9 @@ def test_an_index_out_of_range_raises_as_eager_does():
 def test_few_long_rows_are_split_reductions(monkeypatch):
     """Note [Split reductions]: a kernel of few long rows reduces chunks in many programs, then the partials (the
     thresholds scaled down 16x, so that the interpreter runs it quickly)."""
-    from lazy.codegen import triton as renderer
-    monkeypatch.setattr(renderer, "SPLIT_MIN_ELEMS", renderer.SPLIT_MIN_ELEMS // 16)
-    monkeypatch.setattr(renderer, "SPLIT_CHUNK", renderer.SPLIT_CHUNK // 16)
+    from lazy.codegen import triton_split
+    monkeypatch.setattr(triton_split, "SPLIT_MIN_ELEMS", triton_split.SPLIT_MIN_ELEMS // 16)
+    monkeypatch.setattr(triton_split, "SPLIT_CHUNK", triton_split.SPLIT_CHUNK // 16)
     g = torch.Generator().manual_seed(5)
     x = torch.randn(2, 4200, generator=g)
 

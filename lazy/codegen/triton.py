@@ -31,15 +31,12 @@ import torch
 from ..lower import kir
 from ..lower.kir import Expr
 from ..schedule import Kernel, Limits, Schedule, Stage
+from .triton_blocks import LOOP_RBLOCK, POINTWISE_BLOCK, Blocks, _persistent, _pow2, candidates, default_blocks
 from .triton_ops import BOOL_TEMPLATES, HALF, HELPERS, TEMPLATES, UnsupportedByRenderer, const, tl_type
 
-__all__ = ["LIMITS", "Launch", "UnsupportedByRenderer", "render", "render_kernel", "split_reductions"]
+__all__ = ["LIMITS", "Launch", "UnsupportedByRenderer", "render", "render_kernel"]
 
 LIMITS = Limits(max_buffers=64, parallel_threshold=0, keep_bytes=0)
-PERSISTENT_ELEMS = 8192   # a row of up to this many elements is one block (Note [Triton kernel shapes])
-POINTWISE_BLOCK = 1024
-LOOP_RBLOCK = 2048
-TILE_XBLOCK, TILE_RBLOCK = 64, 32
 _INDEX_OPS = frozenset({"iadd", "imul", "ifloordiv", "imod", "index_clamp", "index_checked"})
 _INIT = {"sum": 0, "prod": 1}
 _COMBINE = {"prod": "prod_", "max": "max_nan", "min": "min_nan"}  # triton_ops.HELPERS
@@ -60,20 +57,13 @@ class Launch:
     num_warps: int
     debug: bool
     memory: bool = False
+    inplace: bool = False  # it loads a buffer it stores: running it twice is not running it once
 
     def scalar_buffers(self) -> List[torch.dtype]:
         """The dtypes of the scalar buffers the kernel takes (``memory``), in argument order."""
         if not self.memory:
             return []
         return [dt for dt, want in ((torch.float64, True), (torch.int64, False)) if want in self.floats]
-
-
-def _pow2(n: int) -> int:
-    p = 1
-    while p < n:
-        p *= 2
-    return p
-
 
 
 class _Scope:
@@ -258,9 +248,11 @@ def _index_type(k: Kernel) -> str:
     return "tl.int64" if big >= (1 << 31) - POINTWISE_BLOCK * 4 else "tl.int32"
 
 
-def render_kernel(k: Kernel, memory: bool = False) -> Tuple[str, Launch]:
-    """The source of one ``@_kernel`` function and how to launch it (Note [Triton kernel shapes]); with
-    ``memory``, its runtime scalars are loads from the scalar buffers (Note [Scalars in device memory])."""
+def render_kernel(k: Kernel, memory: bool = False, blocks: Optional[Blocks] = None) -> Tuple[str, Launch]:
+    """The source of one ``@_kernel`` function and how to launch it (Note [Triton kernel shapes]), with
+    ``blocks`` (``default_blocks(k)`` if None); with ``memory``, its runtime scalars are loads from the scalar
+    buffers (Note [Scalars in device memory])."""
+    blocks = blocks or default_blocks(k)
     bufs = k.buffers()
     roots = [e for _, _, e in k.stores] + [s.body for s in k.stages]
     scalars = _scalars(roots)
@@ -281,17 +273,20 @@ def render_kernel(k: Kernel, memory: bool = False) -> Tuple[str, Launch]:
             lines.append(f"    s{s} = tl.full([], s{s}, {'tl.float64' if f else 'tl.int64'})")
     itype = _index_type(k)
     if k.stages:
-        grid, warps = _render_reduction(k, lines, itype)
+        grid = _render_reduction(k, lines, itype, blocks)
     else:
-        grid, warps = _render_pointwise(k, lines, itype)
-    launch = Launch(k.name, [b.id for b in bufs], list(scalars), list(scalars.values()), grid, warps, debug, memory)
+        grid = _render_pointwise(k, lines, itype, blocks)
+    stored = {b.id for b, _, _ in k.stores}
+    inplace = any(e.op == "load" and e.args[0].id in stored for r in roots for e in kir.walk(r))
+    launch = Launch(k.name, [b.id for b in bufs], list(scalars), list(scalars.values()), grid, blocks.warps, debug,
+                    memory, inplace)
     return "\n".join(lines), launch
 
 
-def _render_pointwise(k: Kernel, lines: List[str], itype: str) -> Tuple[int, int]:
+def _render_pointwise(k: Kernel, lines: List[str], itype: str, blocks: Blocks) -> int:
     loops = k.outer + k.inner
     n = math.prod(v.args[1] for v in loops)
-    block = min(POINTWISE_BLOCK, _pow2(max(n, 1)))
+    block = blocks.x
     lines.append(f"    xindex = tl.program_id(0).to({itype}) * {block} + tl.arange(0, {block}).to({itype})")
     lines.append(f"    xmask = xindex < {n}")
     lines.append(f"    xzero = tl.zeros([{block}], {itype})")
@@ -302,7 +297,7 @@ def _render_pointwise(k: Kernel, lines: List[str], itype: str) -> Tuple[int, int
     scope = _Scope(names, lines, "    ", [0], ctx)
     for buf, idx, e in k.stores:
         _store(scope, buf, idx, e, "xzero", "xmask")
-    return -(-n // block), _warps(block)
+    return -(-n // block)
 
 
 def _store(scope: _Scope, buf: kir.Buffer, idx: Expr, e: Expr, zero: str, mask: str) -> None:
@@ -311,10 +306,6 @@ def _store(scope: _Scope, buf: kir.Buffer, idx: Expr, e: Expr, zero: str, mask: 
     if buf.dtype is not e.dtype:
         value = f"{value}.to({tl_type(buf.dtype)})"
     scope.lines.append(f"{scope.indent}tl.store(b{buf.id} + ({at} + {zero}), {value}, mask={mask})")
-
-
-def _warps(elems: int) -> int:
-    return max(1, min(16, elems // 256)) if elems >= 512 else (2 if elems >= 128 else 1)
 
 
 def _acc_dtype(s: Stage) -> Tuple[Expr, torch.dtype]:
@@ -338,18 +329,12 @@ def _init(kind: str, dtype: torch.dtype) -> str:
     return str(value) if value != -(1 << 63) else "-9223372036854775807 - 1"
 
 
-def _render_reduction(k: Kernel, lines: List[str], itype: str) -> Tuple[int, int]:
+def _render_reduction(k: Kernel, lines: List[str], itype: str, blocks: Blocks) -> int:
     outer_n = math.prod(v.args[1] for v in k.outer)
     inner_n = math.prod(v.args[1] for v in k.inner)
     red_ns = [math.prod(s.red.red_shape) for s in k.stages]
-    longest = max(red_ns + [inner_n, 1])
-    persistent = k.tile is None and _pow2(longest) <= PERSISTENT_ELEMS
-    if persistent:
-        xblock = max(1, min(_pow2(max(outer_n, 1)), 4096 // _pow2(longest)))
-    elif k.tile is not None:
-        xblock = _tile_xblock(outer_n)
-    else:
-        xblock = 1
+    persistent = _persistent(k, max(red_ns + [inner_n, 1]))
+    xblock = blocks.x
     ind = "    "
     lines.append(f"{ind}xindex = tl.program_id(0).to({itype}) * {xblock} + tl.arange(0, {xblock}).to({itype})[:, None]")
     lines.append(f"{ind}xmask = xindex < {max(outer_n, 1)}")
@@ -362,7 +347,6 @@ def _render_reduction(k: Kernel, lines: List[str], itype: str) -> Tuple[int, int
     scope = _Scope(names, lines, ind, counter, ctx)
     inner_ext = [v.args[1] for v in k.inner]
     iblock = _pow2(max(inner_n, 1)) if persistent else min(LOOP_RBLOCK, _pow2(max(inner_n, 1)))
-    elems = xblock * (_pow2(longest) if persistent else (TILE_RBLOCK if k.tile is not None else LOOP_RBLOCK))
     if persistent:
         _index_block(lines, ind, "i", k.inner, inner_n, iblock, itype, scope, ctx)
     for n, s in enumerate(k.stages):
@@ -376,7 +360,7 @@ def _render_reduction(k: Kernel, lines: List[str], itype: str) -> Tuple[int, int
         else:
             rblock = _pow2(max(red_ns[n], 1))
             if not persistent:
-                rblock = min(rblock, TILE_RBLOCK if k.tile is not None else LOOP_RBLOCK)
+                rblock = min(rblock, blocks.r)
             zero, mask = f"r{n}zero", f"r{n}mask"
         _render_stage(n, s, body, acc, red, red_ns[n], rblock, zero, mask, persistent, scope, itype, xblock)
     if persistent:
@@ -388,12 +372,7 @@ def _render_reduction(k: Kernel, lines: List[str], itype: str) -> Tuple[int, int
         _index_block(lines, ind + "    ", "i", k.inner, inner_n, iblock, itype, loop, ctx, offset="i0ff")
         for buf, idx, e in k.stores:
             _store(loop, buf, idx, e, "izero", "imask")
-    return -(-max(outer_n, 1) // xblock), _warps(elems)
-
-
-def _tile_xblock(outputs: int) -> int:
-    """The outputs a program of a tiled kernel holds (Note [Column reductions are tiled])."""
-    return min(TILE_XBLOCK, _pow2(max(outputs, 1)))
+    return -(-max(outer_n, 1) // xblock)
 
 
 def _index_block(lines: List[str], ind: str, prefix: str, vs: Sequence[Expr], n: int, block: int, itype: str,
@@ -489,116 +468,6 @@ HEADER = ("import triton\nimport triton.language as tl\n"
           "# _kernel, _jit and M are set by the loader (runtime/triton_build.py)\n")
 
 
-# Note [Split reductions]
-# A reduction kernel runs XBLOCK rows per program, so a few long rows (x.sum() of a large tensor, a gradient's
-# norm) would run in a few programs on a GPU of a hundred cores. Such a kernel (at most SPLIT_MAX_ROWS rows, a
-# stage of at least SPLIT_MIN_ELEMS elements, no stage reading another, stores of at most PERSISTENT_ELEMS per row,
-# kinds sum/prod/max/min) becomes two kernels of the same kernel IR: the first reduces each row's S chunks in S
-# programs per row into a scratch buffer [rows, S] (chunk elements past the row's end take the reduction's
-# identity); the second is the original kernel with each stage reducing its row of partials instead. Floats are
-# combined in another order than one program's would be (a tree of chunks), as eager's CUDA kernels do too.
-# A tiled kernel (Note [Column reductions are tiled]) runs TILE_XBLOCK outputs per program, so its few programs are
-# the ones of few outputs (a LayerNorm's weight and bias gradients: 384 column sums of 16384 rows ran in 6
-# programs, 0.9 ms each on an H100 against eager's 0.08): it splits when it has at most SPLIT_TILED_PROGRAMS
-# programs and rows of at least SPLIT_TILED_MIN, into chunks of at least SPLIT_TILED_CHUNK rows, enough of them for
-# SPLIT_TILED_TARGET programs. Both of its kernels stay tiled: the scratch buffer is [S, outputs], so a program's
-# block of adjacent outputs stores and loads adjacent partials.
-SPLIT_MAX_ROWS, SPLIT_MIN_ELEMS, SPLIT_CHUNK, SPLIT_MAX = 64, 1 << 16, 8192, 1024
-SPLIT_TILED_PROGRAMS, SPLIT_TILED_MIN, SPLIT_TILED_CHUNK, SPLIT_TILED_TARGET = 64, 4096, 256, 512
-
-
-def split_reductions(sched: Schedule) -> Schedule:
-    """The schedule with each kernel of few long rows split in two (Note [Split reductions])."""
-    steps: List[object] = []
-    changed = False
-    for step in sched.steps:
-        parts = _split(step, sched.lowered) if isinstance(step, Kernel) else None
-        changed = changed or parts is not None
-        steps.extend(parts or [step])
-    return Schedule(sched.lowered, steps) if changed else sched
-
-
-def _chunks(k: Kernel, counts: List[int]) -> int:
-    """How many chunks each row of ``k`` splits into (Note [Split reductions]); 0: it does not split."""
-    rows = math.prod(v.args[1] for v in k.outer)
-    if k.tile is None:
-        if rows > SPLIT_MAX_ROWS or max(counts) < SPLIT_MIN_ELEMS:
-            return 0
-        return min(SPLIT_MAX, -(-max(counts) // SPLIT_CHUNK))
-    programs = -(-rows // _tile_xblock(rows))
-    if programs > SPLIT_TILED_PROGRAMS or max(counts) < SPLIT_TILED_MIN:
-        return 0
-    return min(SPLIT_MAX, max(counts) // SPLIT_TILED_CHUNK, -(-SPLIT_TILED_TARGET // programs))
-
-
-def _split(k: Kernel, lowered: object) -> Optional[List[Kernel]]:
-    counts = [math.prod(s.red.red_shape) for s in k.stages]
-    if not k.stages or math.prod(v.args[1] for v in k.inner) > PERSISTENT_ELEMS:
-        return None
-    if any(s.red.kind not in ("sum", "prod", "max", "min") or _acc_dtype(s)[1] is torch.bool
-           or any(e.op == "reduce" for e in kir.walk(s.body)) for s in k.stages):
-        return None
-    chunks = _chunks(k, counts)
-    if chunks < 2:
-        return None
-    tiled = k.tile is not None
-    svar = kir.var(f"{k.name}_s", chunks)
-    part_stages, part_stores, final_stages, remap = [], [], [], {}
-    for s, count in zip(k.stages, counts):
-        body, acc = _acc_dtype(s)
-        size = -(-count // chunks)
-        identity = kir.const(_IDENTITY[s.red.kind](acc), acc)
-
-        def part_body(ov: List[Expr], rv: List[Expr], s=s, body=body, size=size, count=count,
-                      identity=identity, acc=acc) -> Expr:
-            flat = kir.iadd(kir.imul(ov[-1], size), rv[0])
-            at = kir.op("index_clamp", kir.INDEX, flat, kir.const(count - 1, kir.INDEX))
-            index, stride = [], count
-            for v in s.red.red_vars:
-                stride //= v.args[1]
-                index.append(kir.imod(kir.ifloordiv(at, stride), v.args[1]) if stride else at)
-            inside = kir.op("lt", torch.bool, flat, kir.const(count, kir.INDEX))
-            # NOTE: the stage's body already reads the kernel's outer loops; only the chunk index ov[-1] is new
-            return kir.op("where", acc, inside, kir.substitute(body, dict(zip(s.red.red_vars, index))), identity)
-
-        bound = list(s.ref.args[1])
-        part = kir.Reduction(s.red.kind, acc, acc, list(s.red.out_shape) + [chunks], [size], part_body)
-        ref = kir.reduce_ref(part, bound + [svar])
-        part_stages.append(Stage(ref, part, kir.reduction_body_at(part, bound + [svar])))
-        if tiled:  # [S, outputs]: a block of adjacent outputs stores and reads adjacent partials
-            scratch = lowered.buffer([chunks] + list(s.red.out_shape), acc)
-            part_stores.append((scratch, _strided(scratch, [svar] + bound), ref))
-            final = kir.Reduction(s.red.kind, s.red.dtype, acc, s.red.out_shape, [chunks],
-                                  lambda ov, rv, scratch=scratch: kir.load(scratch, list(rv) + list(ov)))
-        else:
-            scratch = lowered.buffer(list(s.red.out_shape) + [chunks], acc)
-            part_stores.append((scratch, _strided(scratch, bound + [svar]), ref))
-            final = kir.Reduction(s.red.kind, s.red.dtype, acc, s.red.out_shape, [chunks],
-                                  lambda ov, rv, scratch=scratch: kir.load(scratch, list(ov) + list(rv)))
-        new_ref = kir.reduce_ref(final, bound)
-        final_stages.append(Stage(new_ref, final, kir.reduction_body_at(final, bound)))
-        remap[s.ref] = new_ref
-    stores = [(b, i, kir.substitute(e, remap)) for b, i, e in k.stores]
-    if tiled:  # the tile stays the last outer loop (Note [Column reductions are tiled])
-        part_k = Kernel(f"{k.name}p", k.outer[:-1] + [svar, k.tile], [], part_stages, part_stores, k.work,
-                        k.parallel, k.tile)
-    else:
-        part_k = Kernel(f"{k.name}p", k.outer + [svar], [], part_stages, part_stores, k.work, k.parallel)
-    return [part_k, Kernel(k.name, k.outer, k.inner, final_stages, stores, k.work, k.parallel, k.tile)]
-
-
-def _strided(buf: kir.Buffer, index: List[Expr]) -> Expr:
-    flat = kir.const(0, kir.INDEX)
-    for i, st in zip(index, buf.strides):
-        flat = kir.iadd(flat, kir.imul(i, st))
-    return flat
-
-
-_IDENTITY = {"sum": lambda t: 0, "prod": lambda t: 1,
-             "max": lambda t: float("-inf") if t.is_floating_point else torch.iinfo(t).min,
-             "min": lambda t: float("inf") if t.is_floating_point else torch.iinfo(t).max}
-
-
 # Note [One function per distinct kernel]
 # A model's repeated layers schedule into kernels that differ only in their buffer ids and scalar slots (a GPT step
 # of 251 kernels has 72 distinct ones), and a Triton compile costs a second or more per function. So a kernel's
@@ -625,18 +494,24 @@ def _canonical(text: str, name: str) -> str:
     return _PARAM.sub(rename, text.replace(f"def {name}(", "def @NAME@(", 1))
 
 
-def render(sched: Schedule, memory: bool = False) -> Tuple[str, List[Launch]]:
-    """(module source, one Launch per kernel in schedule order); ``memory``: Note [Scalars in device memory]. Kernels
-    of the same canonical source share one function (Note [One function per distinct kernel])."""
+def render(sched: Schedule, memory: bool = False, tune: str = "off") -> Tuple[str, List[List[Launch]]]:
+    """(module source, for each kernel in schedule order its launches: the default one first, then the variants
+    ``tune`` asks for (Note [Tuned block sizes])); ``memory``: Note [Scalars in device memory]. Kernels of the same
+    canonical source share one function (Note [One function per distinct kernel])."""
     parts = [HEADER, HELPERS]
     launches = []
     names: Dict[str, str] = {}
     for k in sched.kernels:
-        text, launch = render_kernel(k, memory)
-        canon = _canonical(text, k.name)
-        if canon not in names:
-            names[canon] = k.name
-            parts.append(canon.replace("@NAME@", k.name))
-        launch.name = names[canon]
-        launches.append(launch)
+        variants = []
+        for j, blocks in enumerate(candidates(k, tune)):
+            name = k.name if j == 0 else f"{k.name}_v{j}"
+            text, launch = render_kernel(Kernel(name, k.outer, k.inner, k.stages, k.stores, k.work, k.parallel,
+                                                k.tile), memory, blocks)
+            canon = _canonical(text, name)
+            if canon not in names:
+                names[canon] = name
+                parts.append(canon.replace("@NAME@", name))
+            launch.name = names[canon]
+            variants.append(launch)
+        launches.append(variants)
     return "\n\n".join(parts) + "\n", launches

@@ -1,0 +1,110 @@
+"""Block sizes of Triton kernels (Note [Triton kernel shapes] in codegen/triton.py): the default ones of each kind
+of kernel, and the candidates a kernel is tuned over (Note [Tuned block sizes])."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Tuple
+
+from ..schedule import Kernel
+
+__all__ = ["Blocks", "TUNE_MIN_WORK", "candidates", "default_blocks"]
+
+PERSISTENT_ELEMS = 8192   # a row of up to this many elements is one block (Note [Triton kernel shapes])
+POINTWISE_BLOCK = 1024
+LOOP_RBLOCK = 2048
+TILE_XBLOCK, TILE_RBLOCK = 64, 32
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A kernel's block sizes (Note [Triton kernel shapes]): ``x`` flat indices (pointwise) or rows (reductions)
+    per program, ``r`` the chunk of a looped or tiled reduction (the row of a persistent one), and Triton's
+    ``warps``."""
+    x: int
+    r: int
+    warps: int
+
+
+def _pow2(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def _warps(elems: int) -> int:
+    return max(1, min(16, elems // 256)) if elems >= 512 else (2 if elems >= 128 else 1)
+
+
+def default_blocks(k: Kernel) -> Blocks:
+    """The block sizes a kernel renders with unless tuned (Note [Triton kernel shapes])."""
+    loops = k.outer + k.inner
+    if not k.stages:
+        x = min(POINTWISE_BLOCK, _pow2(max(math.prod(v.args[1] for v in loops), 1)))
+        return Blocks(x, 0, _warps(x))
+    outer_n, longest = _extents(k)
+    if _persistent(k, longest):
+        p = _pow2(longest)
+        x = max(1, min(_pow2(max(outer_n, 1)), 4096 // p))
+        return Blocks(x, p, _warps(x * p))
+    if k.tile is not None:
+        x = _tile_xblock(outer_n)
+        return Blocks(x, TILE_RBLOCK, _warps(x * TILE_RBLOCK))
+    return Blocks(1, LOOP_RBLOCK, _warps(LOOP_RBLOCK))
+
+
+def _extents(k: Kernel) -> Tuple[int, int]:
+    """(rows, the longest of the row's loops: a stage's reduced elements or the inner loops') of a reduction."""
+    inner_n = math.prod(v.args[1] for v in k.inner)
+    red_ns = [math.prod(s.red.red_shape) for s in k.stages]
+    return math.prod(v.args[1] for v in k.outer), max(red_ns + [inner_n, 1])
+
+
+def _persistent(k: Kernel, longest: int) -> bool:
+    return k.tile is None and _pow2(longest) <= PERSISTENT_ELEMS
+
+
+def _tile_xblock(outputs: int) -> int:
+    """The outputs a program of a tiled kernel holds (Note [Column reductions are tiled])."""
+    return min(TILE_XBLOCK, _pow2(max(outputs, 1)))
+
+
+# Note [Tuned block sizes]
+# Block sizes decide how fast a kernel runs and no fixed rule fits every shape (a LayerNorm's rows of 384 want
+# other rows per program than a softmax's of 8192), so a kernel worth it is compiled with a few Blocks and the
+# runtime times them once on the run's own buffers and keeps the fastest (runtime/triton.py, Note [Tuning on the
+# first run]). ``tune`` (lazy.config.autotune, or lazy.compile's mode="max-autotune"): "off" renders the default
+# blocks only; "default" tries a few for each reduction of at least TUNE_MIN_WORK elements (below that a kernel is
+# launch-bound and Triton compiles, seconds each, would be spent for nothing); "max" tries more, pointwise
+# kernels included. The default blocks are always the first candidate, so tuning never picks a slower kernel than
+# the untuned one by more than the timing's noise.
+TUNE_MIN_WORK = 1 << 20
+
+
+def candidates(k: Kernel, tune: str = "off") -> List[Blocks]:
+    """The block sizes to try for ``k``, its default ones first (Note [Tuned block sizes])."""
+    d = default_blocks(k)
+    if tune == "off" or k.work < TUNE_MIN_WORK or (not k.stages and tune != "max"):
+        return [d]
+    wide = tune == "max"
+    if not k.stages:
+        out = [d, Blocks(d.x * 2, 0, _warps(d.x * 2)), Blocks(d.x, 0, d.warps * 2), Blocks(max(d.x // 2, 1), 0, d.warps)]
+        return _distinct_blocks([b for b in out if b.x <= 4096])
+    outer_n, longest = _extents(k)
+    if _persistent(k, longest):  # fewer rows per program, fewer warps
+        rows = _pow2(max(outer_n, 1))
+        xs = [d.x, d.x // 2, d.x // 4] + ([d.x * 2] if wide else [])
+        out = [d] + [Blocks(x, d.r, w) for x in xs if 1 <= x <= rows and x * d.r <= 2 * PERSISTENT_ELEMS
+                     for w in {_warps(x * d.r), max(1, _warps(x * d.r) // 2)} | ({_warps(x * d.r) * 2} if wide else set())]
+    elif k.tile is not None:  # outputs per program against rows per chunk
+        shapes = [(32, 64), (128, 16), (16, 128)] + ([(64, 64), (128, 32)] if wide else [])
+        out = [d] + [Blocks(min(x, d.x), r, _warps(min(x, d.x) * r)) for x, r in shapes]
+    else:  # the chunk of a long row
+        rs = [1024, 4096] + ([512, 8192] if wide else [])
+        out = [d] + [Blocks(1, r, _warps(r)) for r in rs] + [Blocks(1, d.r, max(1, d.warps // 2))]
+    return _distinct_blocks([b for b in out if b.warps <= 16])
+
+
+def _distinct_blocks(blocks: List[Blocks]) -> List[Blocks]:
+    return list(dict.fromkeys(blocks))
