@@ -26,6 +26,9 @@ def _bool(text: str) -> bool:
     return text.strip().lower() not in ("", "0", "false", "no", "off")
 
 
+AUTOTUNE = ("off", "default", "max")
+
+
 KNOBS = (
     Knob("backing_device", "cpu", "LAZY_BACKING_DEVICE",
          "Device that runs compiled graphs and holds synced data: 'cpu' or 'cuda[:N]'."),
@@ -47,6 +50,10 @@ KNOBS = (
     Knob("compile_after", 2, "LAZY_COMPILE_AFTER",
          "With compiler 'auto': the execution of a graph that compiles it; the ones before run on the reference "
          "executor (1: compile at the first execution; 2, the default: at the second).", int),
+    Knob("autotune", "default", "LAZY_AUTOTUNE",
+         "Triton backend on cuda: block sizes tried per kernel at its first run, the fastest kept and cached "
+         "(Note [Tuned block sizes]): 'off', 'default' (a few for each large reduction) or 'max' (more, pointwise "
+         "kernels too; what lazy.compile(mode='max-autotune') uses)."),
     Knob("cache_dir", "~/.cache/lazy", "LAZY_CACHE_DIR",
          "Directory of the persistent cache of generated sources and compiled libraries ('' disables it)."),
     Knob("cxx", "g++", "LAZY_CXX", "The C++ compiler the cpp backend runs."),
@@ -90,6 +97,8 @@ class _Config:
         self._set(name, value)
 
     def _set(self, name: str, value: Any) -> None:
+        if name == "autotune" and value not in AUTOTUNE:
+            raise ValueError(f"lazy.config.autotune (LAZY_AUTOTUNE) must be 'off', 'default' or 'max', not {value!r}")
         object.__setattr__(self, name, value)
         if name == "debug":
             # The C fast path of the recorder (csrc/record.cpp) logs nothing: level 4 (every traced op) turns it off.

@@ -82,7 +82,8 @@ def lookup(lin: Linearized, device: torch.device) -> tuple:
     compiled at its ``compile_after``-th execution (Note [Tiered compilation]); an explicit compiler compiles at
     the first."""
     backend = backend_for(device)
-    key = (lin.key, device, backend, config.cpu_isa)  # Note [Kernel ISA] (runtime/cpp_isa.py): kernels differ
+    # Note [Kernel ISA] (runtime/cpp_isa.py) and Note [Tuned block sizes]: kernels differ by these knobs
+    key = (lin.key, device, backend, config.cpu_isa, config.autotune)
     entry = _CACHE.get(key)
     if entry is not None:
         _CACHE.move_to_end(key)

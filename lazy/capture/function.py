@@ -276,11 +276,13 @@ class CompiledFunction:
         device = backing_device()
         backend = graph_cache.backend_for(device)
         start = time.perf_counter()
-        if self.mode == "reduce-overhead" and backend == "triton":  # Note [CUDA-graph replay]
+        if self.mode != "default" and backend == "triton":  # Note [CUDA-graph replay]
             from ..runtime.cuda_graph import graphed
             from ..runtime.triton import compile_triton
-            program = graphed(compile_triton(plan.lin, device, tiered=config.compiler == "auto", scalar_memory=True),
-                              plan)
+            # NOTE: as torch.compile's, mode="max-autotune" replays CUDA graphs too, and tries more block sizes
+            autotune = "max" if self.mode == "max-autotune" else None  # Note [Tuned block sizes]
+            program = graphed(compile_triton(plan.lin, device, tiered=config.compiler == "auto", scalar_memory=True,
+                                             autotune=autotune), plan)
         else:
             program = graph_cache.compiler_for(backend)(plan.lin, device)
         metrics.bump("compile_time_s", time.perf_counter() - start)

@@ -16,6 +16,16 @@ call). Kernels are compiled for 16-byte aligned buffers (as every buffer the cac
 run whose leaves or extern results are not aligned takes Triton's own launch path, which compiles (once) and
 launches the variant they need.
 
+Note [Tuning on the first run]
+A kernel rendered with several block sizes (Note [Tuned block sizes] in codegen/triton_blocks.py) is timed at the
+first run of its compiled program, on that run's own buffers: each candidate launched once to warm up, then
+TUNE_REPS times between two CUDA events, and the fastest is kept (kernels sharing a function and a grid share the
+choice). Timing waits for the GPU, once per program. A kernel is only ever run again where running it twice equals
+running it once: one that loads a buffer it stores (``Launch.inplace``) keeps its default blocks. No tuning
+happens while a CUDA graph is being captured. The choices are written into the program's record with its compiled
+kernels (triton_build.py), so a later process with the same record times nothing (``triton.tuned_kernels``
+counts the kernels timed).
+
 Note [Scalars in device memory]
 A CUDA graph (lazy/runtime/cuda_graph.py) replays its kernels with the arguments they were captured with, but a
 graph's runtime scalars change between runs (an optimizer's bias corrections, a scheduled learning rate). So a
@@ -35,6 +45,7 @@ import torch
 
 from ..cache import disk
 from ..codegen import triton as renderer
+from ..codegen.triton_split import split_reductions
 from ..config import config
 from ..debug import metrics
 from ..debug.log import log
@@ -48,6 +59,7 @@ from .reference import eager_dispatch
 from .reference import Program as ReferenceProgram
 
 _KERNEL, _EXTERN = "kernel", "extern"
+TUNE_REPS = 10
 
 
 class Program:
@@ -56,37 +68,47 @@ class Program:
     backend = "triton"
 
     def __init__(self, lin: Linearized, device: torch.device, tiered: bool = False,
-                 scalar_memory: bool = False) -> None:
+                 scalar_memory: bool = False, autotune: Optional[str] = None) -> None:
         self.device = device
         self.scalar_memory = scalar_memory
         self.interpret = device.type != "cuda"
+        tune = config.autotune if autotune is None else autotune
         if self.interpret and device.type != "cpu":
             raise RuntimeError(f"the triton backend runs on cuda (or, interpreted, on the cpu), not on {device}")
         lowered = lower(lin, device)                           # ATen graph -> kernel IR + externs
         sched = schedule(lowered, renderer.LIMITS)             # fusion, order, buffer lifetimes
-        sched = renderer.split_reductions(sched)               # few long rows: two kernels
+        sched = split_reductions(sched)                        # few long rows: two kernels
         self.kernel_ir = format_schedule(sched)
-        source, launches = renderer.render(sched, scalar_memory)  # kernel IR -> Triton
+        source, variants = renderer.render(sched, scalar_memory, tune)  # kernel IR -> Triton
         self.source = source
         describe(self, lin, lowered, sched)
-        self.launches = launches
+        self.variants = variants  # per kernel: its launches, the default blocks first (Note [Tuned block sizes])
+        self.launches = [vs[0] for vs in variants]
+        self.choice = [0] * len(variants)
+        launches = [launch for vs in variants for launch in vs]
         dtypes = {b.id: b.dtype for s in sched.kernels for b in s.buffers()}
         build.use_cache_dir(self.interpret)
         key = disk.graph_digest(lin, "triton", "interpret" if self.interpret else "cuda",
-                                "memory" if scalar_memory else "")
+                                "memory" if scalar_memory else "", f"tune={tune}")
         path = build.module_path(key, source)
         self.module = build.load_module(path, self.interpret)  # a syntax error shows here, in the caller
         self._plan(lowered, sched)
         self._scalar_buffers(len(lin.scalars))
         self._pending: Any = None
         self._fallback: Optional[ReferenceProgram] = None
-        self._jit = [getattr(self.module, launch.name) for launch in launches]
+        self._fns = {launch.name: getattr(self.module, launch.name) for launch in launches}
         self._bound: Optional[List[Any]] = None
+        self._untuned: set = set()
         if self.interpret or not launches:
             self._bound = []
         elif build.record_matches(key, source) or not tiered or config.triton_workers <= 0:
             if not build.record_matches(key, source, count=False):
-                metrics.bump("triton.compiles", build.distinct_compiles(launches, dtypes))
+                compiles = build.distinct_compiles(launches, dtypes)
+                if config.triton_workers > 0 and compiles >= build.POOL_MIN_COMPILES:
+                    # compiled in parallel, waited for; the kernels then load from Triton's cache
+                    metrics.bump("triton.compile_time_s", build.submit(path, launches, dtypes).result())
+                else:
+                    metrics.bump("triton.compiles", compiles)
             self._bind(build.compile_kernels(path, launches, dtypes), key, source)
         else:  # Note [Triton compiles]: the reference executor runs the graph until the pool is done
             self._fallback = ReferenceProgram(lin, device)
@@ -96,13 +118,50 @@ class Program:
             metrics.bump(f"extern.{name}", n)
 
     def _bind(self, compiled: Sequence[Any], key: str, source: str) -> None:
-        """Note [Pre-bound launches]."""
-        bound = []
-        for ck in compiled:
-            ck._init_handles()
-            bound.append((ck.run, ck.function, ck.packed_metadata))
-        build.write_record(key, source, compiled)
-        self._bound = bound
+        """Note [Pre-bound launches]; ``compiled``: one CompiledKernel per launch of every kernel's variants."""
+        it = iter(compiled)
+        self._cands = []
+        for vs in self.variants:
+            cands = []
+            for launch in vs:
+                ck = next(it)
+                ck._init_handles()
+                cands.append((ck.run, ck.function, ck.packed_metadata, launch.grid))
+            self._cands.append(cands)
+        self._record = (key, source, list(compiled))
+        tuned = build.read_tuned(key, len(self.variants))
+        if tuned is not None and all(j < len(vs) for j, vs in zip(tuned, self.variants)):
+            self.choice = tuned
+        else:
+            build.write_record(key, source, compiled)
+            self._untuned = {n for n, vs in enumerate(self.variants) if len(vs) > 1 and not vs[0].inplace}
+        self._bound = [cands[j] for cands, j in zip(self._cands, self.choice)]
+
+    def choose(self, n: int, j: int) -> None:
+        """Run kernel ``n`` with its ``j``-th block sizes from now on (Note [Tuning on the first run])."""
+        self.choice[n] = j
+        if self._bound:
+            self._bound[n] = self._cands[n][j]
+
+    def _tune(self, n: int, args: List[Any], stream: int, chosen: dict) -> None:
+        """Note [Tuning on the first run]: time kernel ``n``'s candidates on ``args`` and keep the fastest."""
+        launch = self.variants[n][0]
+        key = (launch.name, launch.grid)
+        if key not in chosen:
+            times = []
+            for run, function, meta, grid in self._cands[n]:
+                run(grid, 1, 1, stream, function, meta, None, None, None, *args)  # warm up
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(TUNE_REPS):
+                    run(grid, 1, 1, stream, function, meta, None, None, None, *args)
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            chosen[key] = min(range(len(times)), key=times.__getitem__)
+            metrics.bump("triton.tuned_kernels")
+        self.choose(n, chosen[key])
+        self._untuned.discard(n)
 
     def _plan(self, lowered: Any, sched: Any) -> None:
         self.num_buffers = lowered.num_buffers
@@ -119,12 +178,22 @@ class Program:
             launch = self.launches[n]
             allocs = tuple((b.id, b.shape, b.dtype) for b, _, _ in step.stores)
             steps.append((_KERNEL, n, allocs, tuple(launch.buffers), tuple(launch.scalars),
-                          tuple(launch.floats), launch.grid, frees))
+                          tuple(launch.floats), frees))
             n += 1
         self.steps = steps
 
     def _scalar_buffers(self, n: int) -> None:
-        """Note [Scalars in device memory]: the device buffers (float64 slots, then int64 slots, in one
+        """Note [Tuning on the first run]
+A kernel rendered with several block sizes (Note [Tuned block sizes] in codegen/triton_blocks.py) is timed at the
+first run of its compiled program, on that run's own buffers: each candidate launched once to warm up, then
+TUNE_REPS times between two CUDA events, and the fastest is kept (kernels sharing a function and a grid share the
+choice). Timing waits for the GPU, once per program. A kernel is only ever run again where running it twice equals
+running it once: one that loads a buffer it stores (``Launch.inplace``) keeps its default blocks. No tuning
+happens while a CUDA graph is being captured. The choices are written into the program's record with its compiled
+kernels (triton_build.py), so a later process with the same record times nothing (``triton.tuned_kernels``
+counts the kernels timed).
+
+Note [Scalars in device memory]: the device buffers (float64 slots, then int64 slots, in one
         allocation), each kernel's regions of them (16-byte aligned: Note [One function per distinct kernel] in
         codegen/triton.py), and the layout a run packs its scalars in."""
         self.extern_slots = tuple(sorted({s for step in self.steps if step[0] is _EXTERN for s in step[1][6]}))
@@ -150,7 +219,17 @@ class Program:
                              for launch, at in zip(self.launches, regions)]
 
     def load_scalars(self, scalars: Sequence[Any]) -> None:
-        """Copy the runtime scalars to the device buffers (Note [Scalars in device memory]); stream-ordered."""
+        """Copy the runtime scalars to the device buffers (Note [Tuning on the first run]
+A kernel rendered with several block sizes (Note [Tuned block sizes] in codegen/triton_blocks.py) is timed at the
+first run of its compiled program, on that run's own buffers: each candidate launched once to warm up, then
+TUNE_REPS times between two CUDA events, and the fastest is kept (kernels sharing a function and a grid share the
+choice). Timing waits for the GPU, once per program. A kernel is only ever run again where running it twice equals
+running it once: one that loads a buffer it stores (``Launch.inplace``) keeps its default blocks. No tuning
+happens while a CUDA graph is being captured. The choices are written into the program's record with its compiled
+kernels (triton_build.py), so a later process with the same record times nothing (``triton.tuned_kernels``
+counts the kernels timed).
+
+Note [Scalars in device memory]); stream-ordered."""
         if self._scal is None:
             return
         host = bytearray(self._pack.pack(*[0.0 if s is None else float(scalars[s]) for s in self._float_slots],
@@ -170,7 +249,7 @@ class Program:
             return False
         try:
             metrics.bump("triton.compile_time_s", future.result())
-            self._bind(build.compile_kernels(path, self.launches, dtypes), key, source)
+            self._bind(build.compile_kernels(path, [v for vs in self.variants for v in vs], dtypes), key, source)
         except Exception as e:  # noqa: BLE001 -- a failed compile keeps the graph on the reference executor
             warnings.warn(f"lazy: the triton backend could not compile a graph ({type(e).__name__}: "
                           f"{str(e)[:500]}); it runs on the reference executor (correct, slower).", RuntimeWarning,
@@ -203,25 +282,31 @@ class Program:
         stream = torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else
                                                     torch.cuda.current_device()) if not self.interpret else None
         launched = 0
+        tuning = self._untuned and not self.interpret and not torch.cuda.is_current_stream_capturing()
+        chosen: dict = {}
         with eager_dispatch():
             for step in self.steps:
                 if step[0] is _KERNEL:
-                    _, n, allocs, bufs, slots, floats, grid, frees = step
+                    _, n, allocs, bufs, slots, floats, frees = step
                     for i, shape, dtype in allocs:
                         if values[i] is None:
                             values[i] = torch.empty(shape, dtype=dtype, device=device)
-                    if grid > 0:
+                    launch = self.variants[n][self.choice[n]]
+                    if launch.grid > 0:
                         args = [values[i] for i in bufs]
                         if self.scalar_memory:
                             args += self._scalar_args[n]
                         else:
                             args += [float(scalars[s]) if f else int(scalars[s]) for s, f in zip(slots, floats)]
                         if self.interpret:
-                            self._interpret(n, grid, args)
+                            self._interpret(launch, args)
                         elif not aligned:
-                            self._jit[n][(grid,)](*args, num_warps=self.launches[n].num_warps, **build.OPTIONS)
+                            self._fns[launch.name][(launch.grid,)](*args, num_warps=launch.num_warps,
+                                                                  **build.OPTIONS)
                         else:
-                            run, function, meta = self._bound[n]
+                            if tuning and n in self._untuned:
+                                self._tune(n, args, stream, chosen)
+                            run, function, meta, grid = self._bound[n]
                             run(grid, 1, 1, stream, function, meta, None, None, None, *args)
                         launched += 1
                 else:
@@ -231,6 +316,8 @@ class Program:
                         aligned = aligned and t.data_ptr() % 16 == 0
                 for i in frees:
                     values[i] = None
+        if tuning and not self._untuned:  # every kernel is timed: the choices go into the record
+            build.write_record(*self._record, tuned=self.choice)
         metrics.bump("executed_graphs")
         metrics.bump("executed_nodes", self.num_nodes)
         metrics.bump("kernels_launched", launched)
@@ -239,21 +326,22 @@ class Program:
         return [values[i] for i in self.output_ids]
 
 
-    def _interpret(self, n: int, grid: int, args: List[Any]) -> None:
+    def _interpret(self, launch: Any, args: List[Any]) -> None:
         from triton.runtime.errors import InterpreterError
         try:
-            self._jit[n][(grid,)](*args)
+            self._fns[launch.name][(launch.grid,)](*args)
         except InterpreterError as e:
             if "index out of range" in str(e):  # triton_ops.HELPERS' device_assert
                 _raise_kernel_error(2)
             raise
 
 
-def compile_triton(lin: Linearized, device: torch.device, tiered: bool = False, scalar_memory: bool = False) -> Any:
+def compile_triton(lin: Linearized, device: torch.device, tiered: bool = False, scalar_memory: bool = False,
+                   autotune: Optional[str] = None) -> Any:
     """The triton backend's compiler for graph_cache; falls back to the reference executor on any failure."""
     start = time.perf_counter()
     try:
-        program = Program(lin, device, tiered, scalar_memory)
+        program = Program(lin, device, tiered, scalar_memory, autotune)
     except Exception as e:  # noqa: BLE001 -- any failure falls back, loudly and counted
         cause = f"{type(e).__name__}: {e}"
         metrics.bump("compile_fallback")

@@ -10,7 +10,9 @@ cache/disk.py does). Until every kernel of the graph is compiled the program run
 then the parent loads the kernels from that cache (milliseconds) and runs them from then on. Spawned workers take
 seconds to start (torch, Triton, a CUDA context), so the pool starts at the first graph of PRESTART_NODES nodes or
 more that will tier up (graph_cache.lookup): a training step's first graph, whose steady-state successor tiers up a
-step later.
+step later. A graph compiled at its first run (``compiler='triton'``, not tiered) waits for its kernels, but
+compiles them in the pool too when they are POOL_MIN_COMPILES or more (a GPT step's kernels and their tuning
+candidates take tens of seconds one after another).
 A record ``<key>.triton.json`` keeps the sha256 of the module's source and of every file of each compiled kernel
 in Triton's cache (written atomically, last). A later process whose record matches its source and files loads
 its kernels at once, in the calling thread (it compiles nothing: ``triton.compiles`` stays 0); a record that
@@ -40,6 +42,7 @@ from ..debug import metrics
 
 _POOL: Optional[concurrent.futures.ProcessPoolExecutor] = None
 PRESTART_NODES = 256
+POOL_MIN_COMPILES = 8  # a graph compiled at its first run (not tiered) uses the pool from this many compiles on
 # Triton's compile options of every kernel. NOTE: no overflow checks, which a kernel compiled with debug (one with
 # index checks) would otherwise assert on: integer arithmetic wraps, as eager's does.
 OPTIONS = {"num_stages": 1, "sanitize_overflow": False}
@@ -296,12 +299,32 @@ def record_matches(key: str, source: str, count: bool = True) -> bool:
     return True
 
 
-def write_record(key: str, source: str, compiled: Sequence[Any]) -> None:
+def write_record(key: str, source: str, compiled: Sequence[Any], tuned: Optional[List[int]] = None) -> None:
+    """The record of a module's compiled kernels and, once its first run timed them, each kernel's chosen block
+    sizes (Note [Tuning on the first run] in runtime/triton.py)."""
     root = disk.cache_dir()
     if root is None:
         return
     kernels = {h: _files(h) for h in {ck.hash for ck in compiled}}  # launches share compiled kernels
     meta = {"key": key, "source_sha256": hashlib.sha256(source.encode()).hexdigest(), "kernels": kernels,
             "versions": disk._versions()}
+    if tuned is not None:
+        meta["tuned"] = list(tuned)
     disk._atomic_write(os.path.join(root, key + ".triton.json"), json.dumps(meta).encode())
     metrics.bump("disk_cache.store")
+
+
+def read_tuned(key: str, kernels: int) -> Optional[List[int]]:
+    """The block-size choices a record keeps for a module of ``kernels`` kernels (None: not timed yet). Called after
+    ``record_matches`` or a fresh compile; a record's choices of the wrong length or type are ignored."""
+    root = disk.cache_dir()
+    if root is None:
+        return None
+    try:
+        with open(os.path.join(root, key + ".triton.json")) as f:
+            tuned = json.load(f).get("tuned")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if type(tuned) is not list or len(tuned) != kernels or not all(type(j) is int and j >= 0 for j in tuned):
+        return None
+    return tuned
