@@ -289,7 +289,10 @@ def test_the_hook_leaves_frames_it_returns_from_released():
     refs = (sys.getrefcount(_double_sum.__code__), sys.getrefcount(x))
     for _ in range(20):
         f(x)
-    assert (sys.getrefcount(_double_sum.__code__), sys.getrefcount(x)) == refs
+    # never more: one leaked reference per call would be 20 (on cuda a tiered compile may still hold an early
+    # call's input when ``refs`` is counted, and let it go later)
+    code, arg = sys.getrefcount(_double_sum.__code__), sys.getrefcount(x)
+    assert code == refs[0] and arg <= refs[1], (code, arg, refs)
 
 
 _HARNESS = r"""

@@ -180,7 +180,9 @@ def test_memory_flat_over_many_steps():
         if step % 250 == 249:
             gc.collect()
             counts.append((len(live_storages()), graph_cache.size(), metrics.counter("compiles")))
-    assert counts[-1] == counts[0], counts
+    # flat from the second count on; the first may be higher on cuda, where the step's Triton kernels may still be
+    # compiling (tiered: Note [Triton compiles]) and the reference executor's run holds more storages
+    assert counts[-1] == counts[1] and counts[1] <= counts[0], counts
 
 
 def test_batchnorm_running_stats_once_per_step():
