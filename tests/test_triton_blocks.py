@@ -102,9 +102,11 @@ def test_autotune_off_renders_one_function_per_kernel():
 
 
 @pytest.mark.skipif(not CUDA, reason="block sizes are timed on a GPU")
-def test_first_run_times_candidates_once_and_a_later_process_reuses_the_choice(monkeypatch):
+def test_first_run_times_candidates_once_and_a_later_process_reuses_the_choice(monkeypatch, tmp_path):
     from lazy.codegen import triton_blocks
     monkeypatch.setattr(triton_blocks, "TUNE_MIN_WORK", 0)
+    monkeypatch.setattr(lazy.config, "cache_dir", str(tmp_path))  # no record of an earlier test's compile
+    graph_cache.clear()  # nor its program
     fn, x = _kernels()["persistent"]
     want = fn(x.to(DEVICE))
     metrics.reset()
