@@ -7,7 +7,7 @@ import torch
 
 import lazy
 from lazy.capture import expr as X
-from lazy.capture.expr import Renderer
+from lazy.capture.expr import E, Renderer
 from lazy.capture.function import state_of
 from lazy.capture.guards import compile_guards
 from lazy.capture.policy import tensor_signature
@@ -122,7 +122,15 @@ CASES = [
     ("module: own __getattr__", [("eq", attrs("magic"), "forwarded"), ("id", attrs("lin"), FORWARDING.lin)],
      [(FORWARDING,)], [(NET,)]),
     ("second argument", [("type", X.arg(1), float)], [(0, 1.5)], [(0, 1), (0,)]),
-    ("arithmetic (residual)", [("type", A0, int), ("eq", X.binary("+", A0, 1), 3)], [(2,)], [(3,), (2.0,)]),
+    # Note [Arithmetic in guard programs]: Python's operators in the program; raising (a division by 0) fails
+    ("arithmetic", [("type", A0, int), ("eq", X.binary("+", A0, 1), 3)], [(2,)], [(3,), (2.0,)]),
+    ("floor division", [("eq", X.binary("//", 384, A0), 64)], [(6,)], [(5,), (6.0,), (0,), ("6",)]),
+    ("comparison", [("truth", E("cmp", "<", A0, 0.0), False), ("truth", E("cmp", ">=", A0, 1), False)],
+     [(0.5,), (NAN,), (0,)], [(-1.0,), (1,), (None,)]),
+    ("membership", [("truth", E("cmp", "in", "a", A0), True), ("truth", E("cmp", "not in", "b", A0), True)],
+     [({"a": 1},), ("ab"[:1],)], [({},), ({"a": 1, "b": 2},), (None,), (3,)]),
+    ("len", [("truth", E("cmp", "==", X.call(len, (A0,)), 0), True)], [({},), ([],)], [({1: 2},), (None,), (3,)]),
+    ("other calls (residual)", [("eq", X.call(sorted, (A0,)), [1, 2])], [([2, 1],)], [([1],)]),
 ]
 
 

@@ -2,8 +2,9 @@
 
 ``compile_guards(state, guards)`` translates the global-state guard and every guard whose expression is a chain of
 loads (an argument, an object the capture holds, attributes, items at constant keys or at keys that are themselves
-chains of loads) into one ``GuardProgram``; the
-guards it cannot express (expressions with arithmetic or calls) come back as the residual, which the entry checks
+chains of loads), Python's binary operators over such chains and numbers, and builtins such as ``len`` of one
+(Note [Arithmetic in guard programs]) into one ``GuardProgram``; the guards it cannot express (other calls and
+operators) come back as the residual, which the entry checks
 with its Python renderer after the program holds. Both answer exactly what the Python check answers (the tests hold
 them to it, guard kind by guard kind).
 """
@@ -20,8 +21,15 @@ from .expr import E
 
 # The instruction set, in the order of csrc/capture_guards.cpp's enum Op.
 OPS = ("arg", "const", "attr", "item", "is", "type_is", "eq", "truth", "is_none", "len", "absent", "has_attr",
-       "call_eq", "call_true", "lazy_tensor", "state", "item_reg", "host_tensor")
+       "call_eq", "call_true", "lazy_tensor", "state", "item_reg", "host_tensor", "binary",
+       "call")
 OP = {name: i for i, name in enumerate(OPS)}
+# Python's operators the program computes, in the order of csrc/capture_guards.cpp's enum Binary (Note [Arithmetic
+# in guard programs])
+BINARY = {op: i for i, op in enumerate(("+", "-", "*", "/", "//", "%", "<", "<=", ">", ">=", "==", "!=", "in",
+                                        "not in"))}
+# Functions a program calls on one loaded value (the Python check calls the same): builtins without side effects
+CALLS = (len, abs, bool, int, float, type)
 
 Guard = Tuple[str, E, Any]
 
@@ -54,6 +62,18 @@ class _Builder:
                 return None
             r = len(self.regs)
             self.emit(op, r, src, a=sys.intern(args[1]) if op == "attr" else args[1])
+        elif op in ("bin", "cmp") and args[0] in BINARY:
+            left, right = self.operand(args[1]), self.operand(args[2])
+            if left is None or right is None:
+                return None
+            r = len(self.regs)
+            self.emit("binary", r, left, n=right, a=BINARY[args[0]])
+        elif op == "call" and len(args[1]) == 1 and not args[2] and any(_function(args[0]) is f for f in CALLS):
+            src = self.operand(args[1][0])
+            if src is None:
+                return None
+            r = len(self.regs)
+            self.emit("call", r, src, a=_function(args[0]))
         elif op == "arg":
             r = len(self.regs)
             self.emit("arg", r, n=args[0])
@@ -64,6 +84,11 @@ class _Builder:
             return None
         self.regs[e] = r
         return r
+
+    def operand(self, x: Any) -> Optional[int]:
+        """The register of an operator's operand: an expression's, or a constant's (held by the program, as the
+        Python check's constants are)."""
+        return self.load(x if type(x) is E else E("obj", x))
 
     def guard(self, kind: str, e: E, expected: Any, keys_same: Any, tensor_signature: Any) -> bool:
         src = self.load(e)
@@ -100,6 +125,13 @@ class _Builder:
         else:
             return False
         return True
+
+
+def _function(f: Any) -> Any:
+    """The function a call expression calls, where it is a constant (held by the capture); else None."""
+    if type(f) is E:
+        return f.args[0] if f.op == "obj" else None
+    return f
 
 
 def compile_guards(state: tuple, guards: List[Guard], state_calls: tuple, keys_same: Any,
