@@ -76,14 +76,15 @@ def _tile_xblock(outputs: int) -> int:
 # runtime times them once on the run's own buffers and keeps the fastest (runtime/triton.py, Note [Tuning on the
 # first run]). ``tune`` (lazy.config.autotune, or lazy.compile's mode="max-autotune"): "off" renders the default
 # blocks only; "default" tries a few for each reduction of at least TUNE_MIN_WORK elements (below that a kernel is
-# launch-bound and Triton compiles, seconds each, would be spent for nothing); "max" tries more, pointwise
+# launch-bound, and each candidate is one more Triton compile, 0.1-0.3 s of a core); "max" tries more, pointwise
 # kernels included. The default blocks are always the first candidate, so tuning never picks a slower kernel than
 # the untuned one by more than the timing's noise.
-TUNE_MIN_WORK = 1 << 20
+TUNE_MIN_WORK = 1 << 22  # 16 MB of float32: about 5 us of an H100's bandwidth, a launch's order
 
 
 def candidates(k: Kernel, tune: str = "off") -> List[Blocks]:
-    """The block sizes to try for ``k``, its default ones first (Note [Tuned block sizes])."""
+    """The block sizes to try for ``k``, its default ones first (Note [Tuned block sizes]): at "default" at most
+    three more per reduction (each is one more Triton compile), at "max" a grid of them, pointwise kernels too."""
     d = default_blocks(k)
     if tune == "off" or k.work < TUNE_MIN_WORK or (not k.stages and tune != "max"):
         return [d]
@@ -92,17 +93,22 @@ def candidates(k: Kernel, tune: str = "off") -> List[Blocks]:
         out = [d, Blocks(d.x * 2, 0, _warps(d.x * 2)), Blocks(d.x, 0, d.warps * 2), Blocks(max(d.x // 2, 1), 0, d.warps)]
         return _distinct_blocks([b for b in out if b.x <= 4096])
     outer_n, longest = _extents(k)
-    if _persistent(k, longest):  # fewer rows per program, fewer warps
+    if _persistent(k, longest):  # rows per program and warps
         rows = _pow2(max(outer_n, 1))
-        xs = [d.x, d.x // 2, d.x // 4] + ([d.x * 2] if wide else [])
-        out = [d] + [Blocks(x, d.r, w) for x in xs if 1 <= x <= rows and x * d.r <= 2 * PERSISTENT_ELEMS
-                     for w in {_warps(x * d.r), max(1, _warps(x * d.r) // 2)} | ({_warps(x * d.r) * 2} if wide else set())]
+        if wide:
+            shapes = [(x, w) for x in (d.x * 2, d.x, d.x // 2, d.x // 4, d.x // 8)
+                      for w in (_warps(x * d.r), _warps(x * d.r) // 2, _warps(x * d.r) * 2)]
+        else:
+            shapes = [(d.x, d.warps // 2), (d.x // 2, _warps(d.x // 2 * d.r)), (d.x // 4, _warps(d.x // 4 * d.r))]
+        out = [d] + [Blocks(x, d.r, w) for x, w in shapes
+                     if 1 <= x <= rows and x * d.r <= 2 * PERSISTENT_ELEMS and w >= 1]
     elif k.tile is not None:  # outputs per program against rows per chunk
-        shapes = [(32, 64), (128, 16), (16, 128)] + ([(64, 64), (128, 32)] if wide else [])
+        shapes = [(32, 64), (128, 16)] + ([(16, 128), (64, 64), (128, 32)] if wide else [])
         out = [d] + [Blocks(min(x, d.x), r, _warps(min(x, d.x) * r)) for x, r in shapes]
     else:  # the chunk of a long row
-        rs = [1024, 4096] + ([512, 8192] if wide else [])
-        out = [d] + [Blocks(1, r, _warps(r)) for r in rs] + [Blocks(1, d.r, max(1, d.warps // 2))]
+        rs = [1024, 4096] + ([512, 2048, 8192] if wide else [])
+        out = [d] + [Blocks(1, r, w) for r in rs for w in ([_warps(r), _warps(r) // 2] if wide else [_warps(r)])
+                     if w >= 1]
     return _distinct_blocks([b for b in out if b.warps <= 16])
 
 
