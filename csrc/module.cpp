@@ -37,7 +37,7 @@ PyObject* set_data_op(PyObject*, PyObject* op) {
 PyMethodDef methods[] = {
     {"set_data_op", set_data_op, METH_O, "Tell Node.is_data which op marks data leaves."},
     {"torch_dispatch", FASTCALL(lazy::torch_dispatch), METH_FASTCALL | METH_KEYWORDS,
-     "LazyTensor.__torch_dispatch__(cls, func, types, args=(), kwargs=None): record func (lazy/trace/record.py)."},
+     "LazyTensor.__torch_dispatch__(cls, func, types, args=(), kwargs=None): record func (lazy/trace/dispatch.py)."},
     {"configure", FASTCALL(lazy::configure), METH_FASTCALL, "Hand the hot path the Python objects it uses."},
     {"register_op", FASTCALL(lazy::register_op), METH_FASTCALL,
      "register_op(func, desc, kinds, kw_kinds, kind, functional): record func in C once its call is memoized."},

@@ -1,7 +1,7 @@
 // The recording hot path: LazyTensor.__torch_dispatch__ in C.
 //
 // Every op on a lazy tensor enters here. A functional op, a single-output view or an in-place op on a base tensor
-// (registered by lazy/trace/record.py after its first call) whose arguments are lazy tensors, Python numbers, int
+// (registered by lazy/trace/dispatch.py after its first call) whose arguments are lazy tensors, Python numbers, int
 // and bool lists, None, strings, dtypes, memory formats and layouts is recorded without running Python: the
 // argument template and shape-memo key are built exactly as record.py's ``flatten`` builds them, the memoized
 // output metadata and interned signature are found in one dict, and the Node(s), Storage(s) and wrapper
@@ -78,7 +78,7 @@ struct State {
   PyObject* int_marker = nullptr;
   PyObject* bool_marker = nullptr;
   PyObject* memo = nullptr;           // lazy.trace.meta._MEMO
-  PyObject* slow_dispatch = nullptr;  // lazy.trace.record.dispatch_slow(func, args, kwargs)
+  PyObject* slow_dispatch = nullptr;  // lazy.trace.dispatch.dispatch_slow(func, args, kwargs)
   PyObject* view_value = nullptr;     // lazy.trace.views.value(tensor)
   PyObject* view_step = nullptr;      // lazy.trace.views.ViewStep
   PyObject* fast_cache = nullptr;     // memo key -> (signature, (shape, stride, offset, dtype), numel, view step),
@@ -468,7 +468,7 @@ PyObject* record(PyObject* func, const FastOp& op, PyObject* args, PyObject* kwa
 // or function mode, no autocast, no functorch transform, no forward-mode AD level -- lazy's own methods record
 // that same ATen call directly: in C once the call is memoized, through the Python recorder before (what
 // __torch_dispatch__ would do). Any other case, and any operand that is not a lazy tensor or a plain number,
-// takes torch's own method. lazy/trace/record.py chooses the methods (operators, and unary methods whose ATen op
+// takes torch's own method. lazy/trace/dispatch.py chooses the methods (operators, and unary methods whose ATen op
 // the dispatcher delivers unchanged).
 
 struct MethodOp {

@@ -316,7 +316,7 @@ def test_unary_methods_keep_autograd_modes_and_errors():
 
 def test_composite_methods_are_not_taken():
     """``square`` is CompositeImplicitAutograd: the dispatcher delivers pow, so lazy leaves it to torch."""
-    from lazy.trace.record import _dispatcher_delivers
+    from lazy.trace.dispatch import _dispatcher_delivers
 
     aten = torch.ops.aten
     assert "square" not in vars(type(torch.randn(1).to(L)))

@@ -58,7 +58,7 @@ class LazyTensor(torch.Tensor):
     _lz_cache: Optional[Tuple[int, Node]] = None
 
     # The recorder's entry: csrc/record.cpp records the common calls itself and hands the rest to
-    # trace/record.py's dispatch_slow (which configures it when imported).
+    # trace/dispatch.py's dispatch_slow (which configures it when imported).
     __torch_dispatch__ = classmethod(_C.torch_dispatch)
 
     # Traceable-subclass protocol: makes Module._apply swap parameters in place (torch.utils.swap_tensors),

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
-from ..trace import record
+from ..trace import dispatch, record
 from . import collectives as C
 
 c10d_ops = torch.ops.c10d
@@ -265,10 +265,10 @@ _F_UNSUPPORTED = ("all_to_all_single", "isend", "irecv", "batch_p2p_ops")
 def install() -> None:
     """Give the recorder the rules above (once per process, before any collective is recorded)."""
     for op, rule in _RULES.items():
-        record.register_special(op, rule)
+        dispatch.register_special(op, rule)
     for name in _UNSUPPORTED:
-        record.register_special(getattr(c10d_ops, name).default, _unsupported)
+        dispatch.register_special(getattr(c10d_ops, name).default, _unsupported)
     for name in _F_UNSUPPORTED:
         packet = getattr(funcol, name, None)
         if packet is not None:
-            record.register_special(packet.default, _unsupported)
+            dispatch.register_special(packet.default, _unsupported)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .record import dispatch
+from .dispatch import dispatch
 
 _lib = None
 
