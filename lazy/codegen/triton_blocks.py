@@ -98,6 +98,8 @@ def candidates(k: Kernel, tune: str = "off") -> List[Blocks]:
         if wide:
             shapes = [(x, w) for x in (d.x * 2, d.x, d.x // 2, d.x // 4, d.x // 8)
                       for w in (_warps(x * d.r), _warps(x * d.r) // 2, _warps(x * d.r) * 2)]
+        elif d.x == 1:  # one long row per program: fewer warps
+            shapes = [(1, d.warps // 2), (1, d.warps // 4)]
         else:
             shapes = [(d.x, d.warps // 2), (d.x // 2, _warps(d.x // 2 * d.r)), (d.x // 4, _warps(d.x // 4 * d.r))]
         out = [d] + [Blocks(x, d.r, w) for x, w in shapes
