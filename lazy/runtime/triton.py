@@ -183,17 +183,7 @@ class Program:
         self.steps = steps
 
     def _scalar_buffers(self, n: int) -> None:
-        """Note [Tuning on the first run]
-A kernel rendered with several block sizes (Note [Tuned block sizes] in codegen/triton_blocks.py) is timed at the
-first run of its compiled program, on that run's own buffers: each candidate launched once to warm up, then
-TUNE_REPS times between two CUDA events, and the fastest is kept (kernels sharing a function and a grid share the
-choice). Timing waits for the GPU, once per program. A kernel is only ever run again where running it twice equals
-running it once: one that loads a buffer it stores (``Launch.inplace``) keeps its default blocks. No tuning
-happens while a CUDA graph is being captured. The choices are written into the program's record with its compiled
-kernels (triton_build.py), so a later process with the same record times nothing (``triton.tuned_kernels``
-counts the kernels timed).
-
-Note [Scalars in device memory]: the device buffers (float64 slots, then int64 slots, in one
+        """Note [Scalars in device memory]: the device buffers (float64 slots, then int64 slots, in one
         allocation), each kernel's regions of them (16-byte aligned: Note [One function per distinct kernel] in
         codegen/triton.py), and the layout a run packs its scalars in."""
         self.extern_slots = tuple(sorted({s for step in self.steps if step[0] is _EXTERN for s in step[1][6]}))
@@ -219,17 +209,7 @@ Note [Scalars in device memory]: the device buffers (float64 slots, then int64 s
                              for launch, at in zip(self.launches, regions)]
 
     def load_scalars(self, scalars: Sequence[Any]) -> None:
-        """Copy the runtime scalars to the device buffers (Note [Tuning on the first run]
-A kernel rendered with several block sizes (Note [Tuned block sizes] in codegen/triton_blocks.py) is timed at the
-first run of its compiled program, on that run's own buffers: each candidate launched once to warm up, then
-TUNE_REPS times between two CUDA events, and the fastest is kept (kernels sharing a function and a grid share the
-choice). Timing waits for the GPU, once per program. A kernel is only ever run again where running it twice equals
-running it once: one that loads a buffer it stores (``Launch.inplace``) keeps its default blocks. No tuning
-happens while a CUDA graph is being captured. The choices are written into the program's record with its compiled
-kernels (triton_build.py), so a later process with the same record times nothing (``triton.tuned_kernels``
-counts the kernels timed).
-
-Note [Scalars in device memory]); stream-ordered."""
+        """Copy the runtime scalars to the device buffers (Note [Scalars in device memory]); stream-ordered."""
         if self._scal is None:
             return
         host = bytearray(self._pack.pack(*[0.0 if s is None else float(scalars[s]) for s in self._float_slots],
