@@ -24,7 +24,7 @@ def _kernels():
     return {"pointwise": (lambda x: x.sin() * 2 + 1, torch.randn(64, 48, generator=g)),
             "persistent": (lambda x: [x.softmax(-1), F.layer_norm(x, (48,))], torch.randn(64, 48, generator=g)),
             "looped": (lambda x: [x.sum(1), x.amax(1)], torch.randn(3, 9000, generator=g)),
-            "tiled": (lambda x: [x.sum(0), x.amax(0)], torch.randn(300, 64, generator=g))}
+            "tiled": (lambda x: [x.sum(0), x.amax(0)], torch.randn(300, 200, generator=g))}
 
 
 def _scheduled(fn, x):

@@ -106,7 +106,8 @@ def candidates(k: Kernel, tune: str = "off") -> List[Blocks]:
                      if 1 <= x <= rows and x * d.r <= 2 * PERSISTENT_ELEMS and w >= 1]
     elif k.tile is not None:  # outputs per program against rows per chunk
         shapes = [(32, 64), (128, 16)] + ([(16, 128), (64, 64), (128, 32)] if wide else [])
-        out = [d] + [Blocks(min(x, d.x), r, _warps(min(x, d.x) * r)) for x, r in shapes]
+        outputs = _pow2(max(outer_n, 1))  # no more outputs per program than there are
+        out = [d] + [Blocks(min(x, outputs), r, _warps(min(x, outputs) * r)) for x, r in shapes]
     else:  # the chunk of a long row
         rs = [1024, 4096] + ([512, 2048, 8192] if wide else [])
         out = [d] + [Blocks(1, r, w) for r in rs for w in ([_warps(r), _warps(r) // 2] if wide else [_warps(r)])
