@@ -186,3 +186,24 @@ def test_a_replay_overwrites_static_memory_only_when_nothing_else_reads_it():
     bind(static)
     bind(torch.zeros(4))  # the storage moved on (a run without the graph): not remembered
     assert len(graphed.outstanding) == 1 and graphed._overwritable() and not graphed.outstanding
+
+
+def test_max_autotune_replays_with_more_block_sizes(monkeypatch):
+    """mode="max-autotune": the program of reduce-overhead (CUDA graphs on cuda), its kernels rendered with the wider
+    set of block sizes (Note [Tuned block sizes]), pointwise kernels included; results equal eager's."""
+    from lazy.codegen import triton_blocks
+    monkeypatch.setattr(triton_blocks, "TUNE_MIN_WORK", 0)
+
+    @lazy.compile(mode="max-autotune")
+    def f(x):
+        return x.softmax(-1) * 2 + x.sin()
+
+    x = torch.randn(32, 48, device=DEVICE)
+    metrics.reset()
+    for _ in range(4):
+        torch.testing.assert_close(f(x.to("lazy")).cpu(), (x.softmax(-1) * 2 + x.sin()).cpu())
+    program = _programs(f)[-1]
+    program = getattr(program, "program", program)
+    assert program.scalar_memory and min(len(vs) for vs in program.variants) > 1
+    if CUDA:
+        assert metrics.counter("cuda_graph.replays") >= 1 and metrics.counter("triton.tuned_kernels") >= 1
