@@ -14,12 +14,13 @@ import sys
 import pytest
 
 from lazy.capture import interpreter as I
+from lazy.capture.plain_policy import Policy
 
 from capture_cases import CASES, Base, outcome
 
 
 def interpret(fn, *args, **kwargs):
-    it = I.Interpreter(I.Policy())
+    it = I.Interpreter(Policy())
     return it.policy.call(I.Box(fn), [I.Box(a) for a in args], {k: I.Box(v) for k, v in kwargs.items()}).v
 
 
@@ -117,7 +118,7 @@ for name in ("lazy", "lazy.capture"):
     module = types.ModuleType(name)
     module.__path__ = [capture] if name == "lazy.capture" else []
     sys.modules[name] = module
-for name in ("interpreter", "opcodes"):
+for name in ("interpreter", "plain_policy", "opcodes"):
     spec = importlib.util.spec_from_file_location("lazy.capture." + name, capture + "/" + name + ".py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["lazy.capture." + name] = module
@@ -125,9 +126,10 @@ for name in ("interpreter", "opcodes"):
 sys.path.insert(0, tests)
 import capture_cases as C
 I = sys.modules["lazy.capture.interpreter"]
+P = sys.modules["lazy.capture.plain_policy"]
 
 def interpret(fn, *args, **kwargs):
-    it = I.Interpreter(I.Policy())
+    it = I.Interpreter(P.Policy())
     return it.policy.call(I.Box(fn), [I.Box(a) for a in args], {k: I.Box(v) for k, v in kwargs.items()}).v
 
 bad = [c[0].__name__ for c in C.CASES if C.outcome(interpret, c[0], *c[1], **c[2]) != C.outcome(c[0], *c[1], **c[2])]

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Iterator, List
 from . import expr as X
 from .expr import E
 from .interpreter import Box, Generator
+from .plain_policy import BINARY
 from .lookaside import LOOKASIDES, _KEEP, Lookaside, _pure_native, lookaside, mapping_items
 from .policy import NUMBERS, Bound, BoxIter, New, is_tensor
 
@@ -40,8 +41,7 @@ def sequence_binary(p: Any, op: str, a: Box, b: Box) -> Box:
         p.concrete(b)
     if type(a.m) is New and type(va) is list and op.endswith("="):
         p.breaks(f"updates a list with {op}")
-    return Box(operator.getitem(__import__("lazy.capture.interpreter", fromlist=["BINARY"]).BINARY, op)(
-        p.concrete(a), p.concrete(b)))
+    return Box(BINARY[op](p.concrete(a), p.concrete(b)))
 
 
 def _number_fn(fn: Callable[..., Any]) -> Lookaside:

@@ -25,7 +25,8 @@ from .. import _C
 from ..device.tensor import LazyTensor
 from . import expr as X
 from .expr import E
-from .interpreter import BINARY, COMPARE, UNARY, Box, Frame, Generator, Policy, decode
+from .interpreter import Box, Frame, Generator, decode
+from .plain_policy import BINARY, COMPARE, UNARY, Policy
 from .session import CaptureBreak, Effect, Session
 
 NUMBERS = (bool, int, float)
