@@ -164,7 +164,9 @@ def _share_reductions(groups: List[Any], lowered: Lowered) -> List[Any]:
     for g, group in enumerate(groups):
         if isinstance(group, Extern):
             continue
-        found = {e.args[0] for st in group for e in kir.walk(st.expr) if e.op == "reduce"}
+        # NOTE: in walk order, not a set's: reductions hash by identity, and the order names their buffers and
+        # stores, which the generated source (and so the disk cache's key) must not vary with from run to run
+        found = dict.fromkeys(e.args[0] for st in group for e in kir.walk(st.expr) if e.op == "reduce")
         for red in found:
             users.setdefault(red, []).append(g)
     shared = {red: gs for red, gs in users.items() if len(gs) > 1 and _size(red.red_shape) > SHARED_INLINE_LIMIT}
