@@ -505,9 +505,8 @@ def render(sched: Schedule, memory: bool = False, tune: str = "off") -> Tuple[st
         variants = []
         for j, blocks in enumerate(candidates(k, tune)):
             name = k.name if j == 0 else f"{k.name}_v{j}"
-            text, launch = render_kernel(Kernel(name, k.outer, k.inner, k.stages, k.stores, k.work, k.parallel,
-                                                k.tile), memory, blocks)
-            canon = _canonical(text, name)
+            text, launch = render_kernel(k, memory, blocks)
+            canon = _canonical(text, k.name)  # the name is a placeholder there: a variant takes its own
             if canon not in names:
                 names[canon] = name
                 parts.append(canon.replace("@NAME@", name))
