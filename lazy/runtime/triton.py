@@ -99,10 +99,11 @@ class Program:
         self._fns = {launch.name: getattr(self.module, launch.name) for launch in launches}
         self._bound: Optional[List[Any]] = None
         self._untuned: set = set()
+        matched = bool(launches) and not self.interpret and build.record_matches(key, source)
         if self.interpret or not launches:
             self._bound = []
-        elif build.record_matches(key, source) or not tiered or config.triton_workers <= 0:
-            if not build.record_matches(key, source, count=False):
+        elif matched or not tiered or config.triton_workers <= 0:
+            if not matched:
                 compiles = build.distinct_compiles(launches, dtypes)
                 if config.triton_workers > 0 and compiles >= build.POOL_MIN_COMPILES:
                     # compiled in parallel, waited for; the kernels then load from Triton's cache
@@ -133,8 +134,9 @@ class Program:
         if tuned is not None and all(j < len(vs) for j, vs in zip(tuned, self.variants)):
             self.choice = tuned
         else:
-            build.write_record(key, source, compiled)
             self._untuned = {n for n, vs in enumerate(self.variants) if len(vs) > 1 and not vs[0].inplace}
+            # with nothing to time, the choices are final now: a later process reads them and rewrites nothing
+            build.write_record(key, source, compiled, tuned=None if self._untuned else self.choice)
         self._bound = [cands[j] for cands, j in zip(self._cands, self.choice)]
 
     def choose(self, n: int, j: int) -> None:
