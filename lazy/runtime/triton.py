@@ -9,10 +9,10 @@ warning and the ``compile_fallback`` counter.
 
 Note [Pre-bound launches]
 A run enqueues work on the current stream and returns: it never synchronizes (the asynchronous runtime builds on
-that). Each kernel's launch is prepared once: the CompiledKernel's launcher, its function handle and metadata,
-the grid, and the positions of its arguments, so a run calls the launcher directly with the tensors of its
-buffers and its runtime scalars, not Triton's Python launch path (binding, specialization and cache lookup per
-call). Kernels are compiled for 16-byte aligned buffers (as every buffer the caching allocator hands out is); a
+that). Each kernel's launch is prepared once: the loaded kernel, its launcher and argument types (Note [One
+launcher for every signature] in triton_launch.py), the grid, and the positions of its arguments, so a run calls
+the launcher directly with the tensors of its buffers and its runtime scalars, not Triton's Python launch path
+(binding, specialization and cache lookup per call). Kernels are compiled for 16-byte aligned buffers (as every buffer the caching allocator hands out is); a
 run whose leaves or extern results are not aligned takes Triton's own launch path, which compiles (once) and
 launches the variant they need.
 
@@ -36,10 +36,11 @@ Python numbers (a graph replay checks they are unchanged).
 """
 from __future__ import annotations
 
+import os
 import struct
 import time
 import warnings
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -53,6 +54,7 @@ from ..ir.graph import Linearized
 from ..lower import Extern, lower
 from ..schedule import Kernel, format_schedule, schedule
 from . import triton_build as build
+from . import triton_launch as launcher
 from .cpp import _raise_kernel_error, describe
 from .externs import extern_call, run_extern
 from .reference import eager_dispatch
@@ -91,52 +93,71 @@ class Program:
         key = disk.graph_digest(lin, "triton", "interpret" if self.interpret else "cuda",
                                 "memory" if scalar_memory else "", f"tune={tune}")
         path = build.module_path(key, source)
-        self.module = build.load_module(path, self.interpret)  # a syntax error shows here, in the caller
+        self._path, self._dtypes = path, dtypes
+        # interpreted, the kernels run from the module (a syntax error shows here, in the caller); compiled, the
+        # module is loaded only for runs that take Triton's own launch path (``_fn``)
+        self.module = build.load_module(path, True) if self.interpret else None
         self._plan(lowered, sched)
         self._scalar_buffers(len(lin.scalars))
         self._pending: Any = None
         self._fallback: Optional[ReferenceProgram] = None
-        self._fns = {launch.name: getattr(self.module, launch.name) for launch in launches}
         self._bound: Optional[List[Any]] = None
         self._untuned: set = set()
-        matched = bool(launches) and not self.interpret and build.record_matches(key, source)
         if self.interpret or not launches:
             self._bound = []
-        elif matched or not tiered or config.triton_workers <= 0:
-            if not matched:
-                compiles = build.distinct_compiles(launches, dtypes)
-                if config.triton_workers > 0 and compiles >= build.POOL_MIN_COMPILES:
-                    # compiled in parallel, waited for; the kernels then load from Triton's cache
-                    metrics.bump("triton.compile_time_s", build.submit(path, launches, dtypes).result())
-                else:
-                    metrics.bump("triton.compiles", compiles)
-            self._bind(build.compile_kernels(path, launches, dtypes), key, source)
-        else:  # Note [Triton compiles]: the reference executor runs the graph until the pool is done
-            self._fallback = ReferenceProgram(lin, device)
-            self._pending = (build.submit(path, launches, dtypes), path, dtypes, key, source)
+        else:
+            reqs, index = build.requests(launches, dtypes)
+            record = build.read_record(key, source, len(launches), len(variants))
+            if record is not None:
+                self._bind(*record, key, source)
+            elif not tiered or config.triton_workers <= 0:
+                infos = build.compile_now(path, reqs, device)
+                self._bind([infos[i] for i in index], None, key, source)
+            else:  # Note [Triton compiles]: the reference executor runs the graph until the pool is done
+                self._fallback = ReferenceProgram(lin, device)
+                self._pending = (build.submit(path, reqs, device), index, key, source)
         metrics.bump("kernels_compiled", self.num_kernels)
         for name, n in self.externs_by_op.items():
             metrics.bump(f"extern.{name}", n)
 
-    def _bind(self, compiled: Sequence[Any], key: str, source: str) -> None:
-        """Note [Pre-bound launches]; ``compiled``: one CompiledKernel per launch of every kernel's variants."""
-        it = iter(compiled)
+    def _fn(self, name: str) -> Any:
+        """The module's Triton function ``name`` (the module loaded at the first call)."""
+        if self.module is None:
+            self.module = build.load_module(self._path, self.interpret)
+        return getattr(self.module, name)
+
+    def _bind(self, infos: Sequence[Dict[str, Any]], tuned: Optional[List[int]], key: str, source: str) -> None:
+        """Note [Pre-bound launches]; ``infos``: the launch info of each launch of every kernel's variants (Note
+        [Compile workers without torch] in triton_worker.py); ``tuned``: block-size choices a record kept."""
+        it = iter(infos)
+        device = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        loaded: dict = {}  # launches sharing a compiled kernel and a grid share its loaded function
+        kept = []  # the infos the record keeps: those of kernels compiled again replaced
         self._cands = []
         for vs in self.variants:
             cands = []
             for launch in vs:
-                ck = next(it)
-                ck._init_handles()
-                cands.append((ck.run, ck.function, ck.packed_metadata, launch.grid))
+                info = next(it)
+                if launcher.statically(info) and not os.path.exists(build.cubin(info)):
+                    info = build.recompile(self._path, launch, self._dtypes, self.device)
+                kept.append(info)
+                at = (info["hash"], info["name"], launch.grid)
+                if at not in loaded:
+                    if launcher.statically(info):
+                        loaded[at] = launcher.load(info, build.cubin(info), launch.grid, device)
+                    else:
+                        ck, = build.compile_kernels(self._path, [launch], self._dtypes)
+                        loaded[at] = launcher.load_compiled(ck, launch.grid)
+                cands.append(loaded[at])
             self._cands.append(cands)
-        self._record = (key, source, list(compiled))
-        tuned = build.read_tuned(key, len(self.variants))
+        infos = kept
+        self._record = (key, source, infos)
         if tuned is not None and all(j < len(vs) for j, vs in zip(tuned, self.variants)):
-            self.choice = tuned
+            self.choice = list(tuned)
         else:
             self._untuned = {n for n, vs in enumerate(self.variants) if len(vs) > 1 and not vs[0].inplace}
             # with nothing to time, the choices are final now: a later process reads them and rewrites nothing
-            build.write_record(key, source, compiled, tuned=None if self._untuned else self.choice)
+            build.write_record(key, source, infos, tuned=None if self._untuned else self.choice)
         self._bound = [cands[j] for cands, j in zip(self._cands, self.choice)]
 
     def choose(self, n: int, j: int) -> None:
@@ -151,12 +172,12 @@ class Program:
         key = (launch.name, launch.grid)
         if key not in chosen:
             times = []
-            for run, function, meta, grid in self._cands[n]:
-                run(grid, 1, 1, stream, function, meta, None, None, None, *args)  # warm up
+            for bound in self._cands[n]:
+                bound(args, stream)  # warm up
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 for _ in range(TUNE_REPS):
-                    run(grid, 1, 1, stream, function, meta, None, None, None, *args)
+                    bound(args, stream)
                 end.record()
                 end.synchronize()
                 times.append(start.elapsed_time(end))
@@ -226,12 +247,13 @@ class Program:
         """Whether the kernels are loaded; loads them once the pool has compiled them (Note [Triton compiles])."""
         if self._bound is not None:
             return True
-        future, path, dtypes, key, source = self._pending
-        if not future.done():
+        compiles, index, key, source = self._pending
+        if not compiles.done():
             return False
         try:
-            metrics.bump("triton.compile_time_s", future.result())
-            self._bind(build.compile_kernels(path, [v for vs in self.variants for v in vs], dtypes), key, source)
+            infos, seconds = compiles.result()
+            metrics.bump("triton.compile_time_s", seconds)
+            self._bind([infos[i] for i in index], None, key, source)
         except Exception as e:  # noqa: BLE001 -- a failed compile keeps the graph on the reference executor
             warnings.warn(f"lazy: the triton backend could not compile a graph ({type(e).__name__}: "
                           f"{str(e)[:500]}); it runs on the reference executor (correct, slower).", RuntimeWarning,
@@ -283,13 +305,12 @@ class Program:
                         if self.interpret:
                             self._interpret(launch, args)
                         elif not aligned:
-                            self._fns[launch.name][(launch.grid,)](*args, num_warps=launch.num_warps,
+                            self._fn(launch.name)[(launch.grid,)](*args, num_warps=launch.num_warps,
                                                                   **build.OPTIONS)
                         else:
                             if tuning and n in self._untuned:
                                 self._tune(n, args, stream, chosen)
-                            run, function, meta, grid = self._bound[n]
-                            run(grid, 1, 1, stream, function, meta, None, None, None, *args)
+                            self._bound[n](args, stream)
                         launched += 1
                 else:
                     _, call, frees = step
@@ -311,7 +332,7 @@ class Program:
     def _interpret(self, launch: Any, args: List[Any]) -> None:
         from triton.runtime.errors import InterpreterError
         try:
-            self._fns[launch.name][(launch.grid,)](*args)
+            self._fn(launch.name)[(launch.grid,)](*args)
         except InterpreterError as e:
             if "index out of range" in str(e):  # triton_ops.HELPERS' device_assert
                 _raise_kernel_error(2)

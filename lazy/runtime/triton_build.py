@@ -2,22 +2,23 @@
 the persistent record of compiled kernels.
 
 Note [Triton compiles]
-A Triton compile takes seconds per kernel, so with the default tiered compiler a graph's Triton program does not
-wait for them: its kernels compile in a pool of worker processes (``triton_workers``; spawned, so a worker has
-a CUDA context of its own and the parent's is never forked), each compile filling Triton's own cache, which
-lives under lazy's cache directory (``<cache_dir>/triton``: created 0700 and refused if foreign, as
-cache/disk.py does). Until every kernel of the graph is compiled the program runs on the reference executor;
-then the parent loads the kernels from that cache (milliseconds) and runs them from then on. Spawned workers take
-seconds to start (torch, Triton, a CUDA context), so the pool starts at the first graph of PRESTART_NODES nodes or
-more that will tier up (graph_cache.lookup): a training step's first graph, whose steady-state successor tiers up a
-step later. A graph compiled at its first run (``compiler='triton'``, not tiered) waits for its kernels, but
-compiles them in the pool too when they are POOL_MIN_COMPILES or more (a GPT step's kernels and their tuning
-candidates take tens of seconds one after another).
+A Triton compile takes a fraction of a second to seconds per kernel, so with the default tiered compiler a graph's
+Triton program does not wait for them: its kernels compile in a pool of worker processes (``triton_workers``;
+Note [Compile workers without torch] in triton_worker.py: they start in a fraction of a second and never touch
+CUDA), one kernel per request, each compile filling Triton's own cache, which lives under lazy's cache directory
+(``<cache_dir>/triton``: created 0700 and refused if foreign, as cache/disk.py does). Until every kernel of the
+graph is compiled the program runs on the reference executor; then the parent loads the kernels' cubins from that
+cache (Note [One launcher for every signature] in triton_launch.py: no Triton JIT, no launcher builds) and runs
+them from then on. The pool starts at the first graph of PRESTART_NODES nodes or more that will tier up
+(graph_cache.lookup): a training step's first graph, whose steady-state successor tiers up a step later. A graph
+compiled at its first run (``compiler='triton'``, not tiered) waits for its kernels, but compiles them in the pool
+too when they are POOL_MIN_COMPILES or more.
 A record ``<key>.triton.json`` keeps the sha256 of the module's source and of every file of each compiled kernel
-in Triton's cache (written atomically, last). A later process whose record matches its source and files loads
-its kernels at once, in the calling thread (it compiles nothing: ``triton.compiles`` stays 0); a record that
-does not match (truncated, corrupt, another source) is counted as ``disk_cache.corrupt``, the kernels' cache
-directories are removed and the kernels compile again.
+in Triton's cache, and what each launch loads (its kernel's cache entry, name, shared memory, warps, argument
+types), written atomically, last. A later process whose record matches its source and files loads its kernels at
+once, in the calling thread (it compiles nothing: ``triton.compiles`` stays 0); a record that does not match
+(truncated, corrupt, another source) is counted as ``disk_cache.corrupt``, the kernels' cache directories are
+removed and the kernels compile again.
 """
 from __future__ import annotations
 
@@ -27,18 +28,20 @@ import contextlib
 import hashlib
 import importlib.util
 import json
-import multiprocessing
 import os
+import queue
 import shutil
+import subprocess
 import sys
 import tempfile
-import time
-import types
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
 
 from ..cache import disk
 from ..config import config
 from ..debug import metrics
+from . import triton_worker
 
 _POOL: Optional[concurrent.futures.ProcessPoolExecutor] = None
 PRESTART_NODES = 256
@@ -94,81 +97,72 @@ def module_path(key: str, source: str) -> str:
 
 def load_module(path: str, interpret: bool) -> Any:
     """Execute the generated module with its loader globals (codegen/triton.py: ``_kernel``, ``_jit``, ``M``)."""
+    if not interpret:
+        return triton_worker.load_module(path)
     import triton
+    from triton.runtime import interpreter
+    from triton.runtime.interpreter import InterpretedFunction
     spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
     mod = importlib.util.module_from_spec(spec)
-    if interpret:
-        from triton.runtime import interpreter
-        from triton.runtime.interpreter import InterpretedFunction
-        # device_assert (an index out of range: triton_ops.HELPERS) checks, as in a kernel compiled with debug; no
-        # overflow checks: integer arithmetic wraps, as eager's does
-        interpreter.interpreter_builder.options = interpreter.InterpreterOptions(debug=True, sanitize_overflow=False)
-        if not isinstance(triton.language.zeros, InterpretedFunction):
-            raise RuntimeError("the triton backend runs on the cpu under Triton's interpreter, but triton was "
-                               "imported without it: set TRITON_INTERPRET=1 before importing triton (or use "
-                               "compiler 'cpp' on the cpu)")
+    # device_assert (an index out of range: triton_ops.HELPERS) checks, as in a kernel compiled with debug; no
+    # overflow checks: integer arithmetic wraps, as eager's does
+    interpreter.interpreter_builder.options = interpreter.InterpreterOptions(debug=True, sanitize_overflow=False)
+    if not isinstance(triton.language.zeros, InterpretedFunction):
+        raise RuntimeError("the triton backend runs on the cpu under Triton's interpreter, but triton was "
+                           "imported without it: set TRITON_INTERPRET=1 before importing triton (or use "
+                           "compiler 'cpp' on the cpu)")
 
-        from ..codegen import triton_interp
-        mod._jit = InterpretedFunction
-        mod._kernel = lambda names, debug: InterpretedFunction
-        mod.M = triton_interp
-    else:
-        from triton.language.extra import libdevice
-        mod._jit = triton.jit
-        mod._kernel = lambda names, debug: (lambda fn: triton.jit(fn, do_not_specialize=names, debug=debug))
-        mod.M = libdevice
+    from ..codegen import triton_interp
+    mod._jit = InterpretedFunction
+    mod._kernel = lambda names, debug: InterpretedFunction
+    mod.M = triton_interp
     spec.loader.exec_module(mod)
     return mod
 
 
-def warm_args(launch: Any, dtypes: Dict[int, Any]) -> List[Any]:
-    """Arguments that specialize a kernel as a run does (16-byte aligned buffers; scalars are never
-    specialized): dtypes stand for tensors (Triton's warmup takes them so), scalar buffers included."""
-    if launch.memory:
-        return [dtypes[b] for b in launch.buffers] + launch.scalar_buffers()
-    return [dtypes[b] for b in launch.buffers] + [0.0 if f else 0 for f in launch.floats]
+_TYPES = {torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16", torch.bfloat16: "bf16",
+          torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
+          torch.bool: "i1"}
+
+
+def requests(launches: Sequence[Any], dtypes: Dict[int, Any]) -> Tuple[List[Dict[str, Any]], List[int]]:
+    """The distinct compiles of ``launches`` as worker requests (Note [One function per distinct kernel] in
+    codegen/triton.py: launches of one function, signature and options share one), and each launch's request."""
+    reqs: List[Dict[str, Any]] = []
+    seen: Dict[tuple, int] = {}
+    index = []
+    for launch in launches:
+        types = [f"*{_TYPES[dtypes[b]]}" for b in launch.buffers]
+        types += [f"*{_TYPES[dt]}" for dt in launch.scalar_buffers()] if launch.memory else \
+            ["fp64" if f else "i64" for f in launch.floats]
+        key = (launch.name, tuple(types), launch.num_warps, launch.debug)
+        if key not in seen:
+            seen[key] = len(reqs)
+            reqs.append({"name": launch.name, "types": types, "num_warps": launch.num_warps, "debug": launch.debug})
+        index.append(seen[key])
+    return reqs, index
+
+
+def target(device: torch.device) -> Tuple[str, int, int]:
+    """The GPU Triton compiles for (asked of torch, so that this process never needs Triton's CUDA driver)."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return ("cuda", major * 10 + minor, 32)
 
 
 def compile_kernels(path: str, launches: Sequence[Any], dtypes: Dict[int, Any]) -> List[Any]:
-    """Compile (or load from Triton's cache) every kernel of the module at ``path``: the CompiledKernels."""
+    """Compile through Triton's JIT in this process: the CompiledKernels, for launches only Triton's launcher can
+    launch (Note [One launcher for every signature] in triton_launch.py)."""
     mod = load_module(path, interpret=False)
     out = []
-    done: Dict[tuple, Any] = {}  # launches sharing a function and a signature share the compile
     for launch in launches:
-        args = warm_args(launch, dtypes)
-        key = _compile_key(launch, args)
-        if key not in done:
-            done[key] = getattr(mod, launch.name).warmup(*args, grid=(1,), **OPTIONS, num_warps=launch.num_warps)
-        out.append(done[key])
+        args = [dtypes[b] for b in launch.buffers]
+        args += launch.scalar_buffers() if launch.memory else [0.0 if f else 0 for f in launch.floats]
+        out.append(getattr(mod, launch.name).warmup(*args, grid=(1,), **OPTIONS, num_warps=launch.num_warps))
     return out
 
 
-def _distinct(launches: Sequence[Any], dtypes: Dict[int, Any]) -> List[Any]:
-    """One launch per distinct compile (Note [One function per distinct kernel] in codegen/triton.py)."""
-    return list({_compile_key(launch, warm_args(launch, dtypes)): launch for launch in launches}.values())
-
-
-def distinct_compiles(launches: Sequence[Any], dtypes: Dict[int, Any]) -> int:
-    return len(_distinct(launches, dtypes))
-
-
-def _compile_key(launch: Any, args: List[Any]) -> tuple:
-    """What a Triton compile of a launch depends on: its function, argument types and options."""
-    return (launch.name, tuple(str(a) for a in args), launch.num_warps)
-
-
-def _worker(path: str, launches: Sequence[Any], dtypes: Dict[int, Any], cache: str) -> float:
-    os.environ["TRITON_CACHE_DIR"] = cache
-    start = time.perf_counter()
-    for ck in compile_kernels(path, launches, dtypes):
-        # NOTE: also builds the kernel's launcher, a C module Triton compiles per signature into its cache (about
-        # a second each: 9.5 s of a GPT step's 78 kernels when the parent built them one after another)
-        ck._init_handles()
-    return time.perf_counter() - start
-
-
 class Compiles:
-    """The compiles of one module's kernels, spread over the pool's workers: done when every share is."""
+    """Compiles running in the pool's workers, one future per kernel: done when every one is."""
 
     def __init__(self, futures: List[concurrent.futures.Future]) -> None:
         self.futures = futures
@@ -176,25 +170,98 @@ class Compiles:
     def done(self) -> bool:
         return all(f.done() for f in self.futures)
 
-    def result(self) -> float:
-        """Seconds of compiling, summed over the workers; raises a worker's error."""
-        return sum(f.result() for f in self.futures)
+    def result(self) -> Tuple[List[Dict[str, Any]], float]:
+        """The kernels' launch infos in request order and the seconds of compiling summed over the workers; raises
+        a worker's error."""
+        answers = [f.result() for f in self.futures]
+        return [info for a in answers for info in a["infos"]], sum(a["seconds"] for a in answers)
 
 
-def _pool() -> concurrent.futures.ProcessPoolExecutor:
+def compile_now(path: str, reqs: List[Dict[str, Any]], device: torch.device) -> List[Dict[str, Any]]:
+    """Compile and wait: in the pool when the compiles are POOL_MIN_COMPILES or more (Note [Triton compiles]),
+    else in this process."""
+    if config.triton_workers > 0 and len(reqs) >= POOL_MIN_COMPILES:
+        infos, seconds = submit(path, reqs, device).result()
+    else:
+        metrics.bump("triton.compiles", len(reqs))
+        answer = triton_worker.compile_share(path, reqs, target(device))
+        infos, seconds = answer["infos"], answer["seconds"]
+    metrics.bump("triton.compile_time_s", seconds)
+    return infos
+
+
+class _Worker:
+    """One compile worker process (Note [Compile workers without torch])."""
+
+    def __init__(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        self.err = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen([sys.executable, "-P", triton_worker.__file__], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.err, env=env, text=True)
+
+    def call(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except OSError:
+            line = ""
+        if not line:
+            self.err.seek(0)
+            tail = self.err.read().decode(errors="replace")[-2000:]
+            raise RuntimeError(f"a Triton compile worker exited (status {self.proc.poll()}): {tail}")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(answer["error"])
+        return answer
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.err.close()
+
+
+class _Pool:
+    """Worker processes, each serving one request at a time, and threads that wait on them (futures)."""
+
+    def __init__(self, n: int) -> None:
+        self.idle: "queue.Queue[_Worker]" = queue.Queue()
+        self.workers = [_Worker() for _ in range(n)]
+        for w in self.workers:
+            self.idle.put(w)
+        self.threads = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="lazy-triton-compile")
+
+    def submit(self, request: Dict[str, Any]) -> concurrent.futures.Future:
+        return self.threads.submit(self._call, request)
+
+    def _call(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        worker = self.idle.get()
+        try:
+            return worker.call(request)
+        except RuntimeError:
+            if worker.proc.poll() is not None:  # a dead worker is replaced, its compile fails
+                worker.close()
+                worker = _Worker()
+            raise
+        finally:
+            self.idle.put(worker)
+
+    def shutdown(self) -> None:
+        self.threads.shutdown(wait=False, cancel_futures=True)
+        while not self.idle.empty():
+            self.idle.get().close()
+
+
+def _pool() -> _Pool:
     global _POOL
     if _POOL is None:
-        _POOL = concurrent.futures.ProcessPoolExecutor(max_workers=max(1, config.triton_workers),
-                                                       mp_context=multiprocessing.get_context("spawn"))
+        _POOL = _Pool(max(1, config.triton_workers))
         atexit.register(_shutdown)
     return _POOL
-
-
-def _warm_worker(cache: str) -> None:
-    """A worker's start: Triton imported and the GPU's target known, ahead of its first compile."""
-    os.environ["TRITON_CACHE_DIR"] = cache
-    import triton
-    triton.runtime.driver.active.get_current_target()
 
 
 def start_pool() -> None:
@@ -202,44 +269,22 @@ def start_pool() -> None:
     if _POOL is not None or config.triton_workers <= 0:
         return
     use_cache_dir(False)
+    _pool()
+
+
+def submit(path: str, reqs: List[Dict[str, Any]], device: torch.device) -> Compiles:
+    """Compile the kernels of ``reqs`` in the worker pool (Note [Triton compiles]), one request per kernel, so that
+    a worker takes the next kernel as soon as it is free."""
     pool = _pool()
-    with _main_hidden():
-        for _ in range(max(1, config.triton_workers)):
-            pool.submit(_warm_worker, os.environ["TRITON_CACHE_DIR"])
-
-
-def submit(path: str, launches: Sequence[Any], dtypes: Dict[int, Any]) -> Compiles:
-    """Compile the module's kernels in the worker pool (Note [Triton compiles]), its kernels dealt round-robin to
-    the workers, so a graph of many kernels compiles in parallel."""
-    workers = max(1, config.triton_workers)
-    pool = _pool()
-    distinct = _distinct(launches, dtypes)
-    metrics.bump("triton.compiles", len(distinct))
-    shares = [list(distinct[i::workers]) for i in range(min(workers, len(distinct)))]
-    with _main_hidden():  # a submit may start workers
-        return Compiles([pool.submit(_worker, path, share, dict(dtypes), os.environ["TRITON_CACHE_DIR"])
-                         for share in shares])
-
-
-@contextlib.contextmanager
-def _main_hidden() -> Iterator[None]:
-    """Note [Workers never run the user's script]: a spawned worker re-imports the parent's ``__main__`` module by
-    its path, which runs a training script's top level again in every worker (and fails in one that lacks the
-    ``if __name__ == "__main__"`` guard). The workers need nothing of it, so while they start, ``__main__`` is an
-    empty module: multiprocessing finds no path or name to import."""
-    main = sys.modules.get("__main__")
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        if main is not None:
-            sys.modules["__main__"] = main
+    metrics.bump("triton.compiles", len(reqs))
+    common = {"path": path, "target": list(target(device)), "cache": os.environ["TRITON_CACHE_DIR"]}
+    return Compiles([pool.submit({**common, "kernels": [req]}) for req in reqs])
 
 
 def _shutdown() -> None:
-    """At exit, before the interpreter tears down the modules the pool's manager thread needs."""
+    """At exit: the workers' stdin closes and they end."""
     if _POOL is not None:
-        _POOL.shutdown(wait=False, cancel_futures=True)
+        _POOL.shutdown()
 
 
 # ---- the record of compiled kernels (Note [Triton compiles]) ---------------------------------------------------
@@ -269,62 +314,75 @@ def _files(kernel_hash: str) -> Dict[str, str]:
     return found
 
 
-def record_matches(key: str, source: str, count: bool = True) -> bool:
-    """Whether a valid record says every kernel of this source is in Triton's cache, unchanged (counted in the
-    ``disk_cache`` counters, where ``count``)."""
+_INFO = {"hash": str, "name": str, "shared": int, "num_warps": int, "hidden": int}
+
+
+def _valid_info(info: Any) -> bool:
+    return (type(info) is dict and all(type(info.get(k)) is t for k, t in _INFO.items())
+            and (info.get("types") is None or type(info["types"]) is str))
+
+
+def read_record(key: str, source: str, launches: int, kernels: int) -> Optional[Tuple[List[Dict[str, Any]],
+                                                                                      Optional[List[int]]]]:
+    """(launch infos, tuned block-size choices or None) of a valid record of this source's ``launches`` compiled
+    launches whose kernel files are unchanged; None when there is none (counted in the ``disk_cache`` counters)."""
     root = disk.cache_dir()
     if root is None:
-        return False
+        return None
     path = os.path.join(root, key + ".triton.json")
     if not os.path.exists(path):
-        if count:
-            metrics.bump("disk_cache.miss")
-        return False
+        metrics.bump("disk_cache.miss")
+        return None
     try:
         with open(path) as f:
             meta = json.load(f)
+        infos = meta["launches"]
         ok = meta["key"] == key and meta["source_sha256"] == hashlib.sha256(source.encode()).hexdigest()
+        ok = ok and type(infos) is list and len(infos) == launches and all(map(_valid_info, infos))
+        ok = ok and {i["hash"] for i in infos} <= set(meta["kernels"])
         ok = ok and all(_files(h) == files and files for h, files in meta["kernels"].items())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         ok, meta = False, {}
     if not ok:
         metrics.bump("disk_cache.corrupt")
         metrics.bump("disk_cache.miss")
-        for h in (meta.get("kernels") or {}) if isinstance(meta, dict) else {}:
+        kernels_of = meta.get("kernels") if isinstance(meta, dict) else None
+        for h in kernels_of if isinstance(kernels_of, dict) else {}:
             shutil.rmtree(_group(os.path.basename(str(h))), ignore_errors=True)
         os.unlink(path)
-        return False
-    if count:
-        metrics.bump("disk_cache.hit")
-    return True
+        return None
+    metrics.bump("disk_cache.hit")
+    tuned = meta.get("tuned")
+    if type(tuned) is not list or len(tuned) != kernels or not all(type(j) is int and j >= 0 for j in tuned):
+        tuned = None
+    return infos, tuned
 
 
-def write_record(key: str, source: str, compiled: Sequence[Any], tuned: Optional[List[int]] = None) -> None:
-    """The record of a module's compiled kernels and, once its first run timed them, each kernel's chosen block
-    sizes (Note [Tuning on the first run] in runtime/triton.py)."""
+def cubin(info: Dict[str, Any]) -> str:
+    """The path of a launch info's compiled kernel in Triton's cache (where its compile put it, or, from a record,
+    in the cache directory of now)."""
+    return info.get("cubin") or os.path.join(_group(info["hash"]), f"{info['name']}.cubin")
+
+
+def recompile(path: str, launch: Any, dtypes: Dict[int, Any], device: torch.device) -> Dict[str, Any]:
+    """Compile one launch again, in this process: its kernel's files left Triton's cache since it was compiled (a
+    corrupt record of another graph sharing the kernel removes them: ``read_record``)."""
+    reqs, _ = requests([launch], dtypes)
+    metrics.bump("triton.compiles")
+    return triton_worker.compile_share(path, reqs, target(device))["infos"][0]
+
+
+def write_record(key: str, source: str, infos: Sequence[Dict[str, Any]], tuned: Optional[List[int]] = None) -> None:
+    """The record of a module's compiled launches (their launch infos) and, once its first run timed them, each
+    kernel's chosen block sizes (Note [Tuning on the first run] in runtime/triton.py)."""
     root = disk.cache_dir()
     if root is None:
         return
-    kernels = {h: _files(h) for h in {ck.hash for ck in compiled}}  # launches share compiled kernels
+    kernels = {h: _files(h) for h in {info["hash"] for info in infos}}  # launches share compiled kernels
+    launches = [{k: v for k, v in info.items() if k != "cubin"} for info in infos]  # found again by hash
     meta = {"key": key, "source_sha256": hashlib.sha256(source.encode()).hexdigest(), "kernels": kernels,
-            "versions": disk._versions()}
+            "launches": launches, "versions": disk._versions()}
     if tuned is not None:
         meta["tuned"] = list(tuned)
     disk._atomic_write(os.path.join(root, key + ".triton.json"), json.dumps(meta).encode())
     metrics.bump("disk_cache.store")
-
-
-def read_tuned(key: str, kernels: int) -> Optional[List[int]]:
-    """The block-size choices a record keeps for a module of ``kernels`` kernels (None: not timed yet). Called after
-    ``record_matches`` or a fresh compile; a record's choices of the wrong length or type are ignored."""
-    root = disk.cache_dir()
-    if root is None:
-        return None
-    try:
-        with open(os.path.join(root, key + ".triton.json")) as f:
-            tuned = json.load(f).get("tuned")
-    except (OSError, ValueError, AttributeError):
-        return None
-    if type(tuned) is not list or len(tuned) != kernels or not all(type(j) is int and j >= 0 for j in tuned):
-        return None
-    return tuned
