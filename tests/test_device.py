@@ -216,3 +216,35 @@ def test_to_lazy_keeps_eager_strides():
         assert lz.stride() == t.clone().stride()  # clone's preserve_format: eager's rule for a copy
         torch.testing.assert_close(lz.cpu(), t)
     assert cases[1].to("lazy").stride() == cases[1].stride() and cases[3].to("lazy").is_contiguous()
+
+
+@pytest.mark.skipif(torch.device(lazy.config.backing_device).type != "cuda", reason="uploads to a CUDA backing device")
+def test_uploads_do_not_wait_for_the_device():
+    """Note [Uploads do not wait]: a host tensor's upload is a snapshot in eager's dtype and layout, taken at the
+    call (the source, pinned or not, may change right after), enqueued without waiting for the GPU."""
+    x = torch.randn(64, 3, 8, 8)
+    ref = x.clone()
+    pinned = x.pin_memory()
+    for dtype in (torch.float32, torch.float16):  # first allocations (pinned and device blocks) cached beforehand
+        x.to(L, dtype).cpu()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        try:
+            x.to("cuda")
+            flagged = False
+        except RuntimeError:
+            flagged = True
+        ys = [x.to(L), pinned.to(L), x.to(L, torch.float16), x.to(L, memory_format=torch.channels_last)] \
+            if flagged else []
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    if not flagged:
+        pytest.skip("this torch's sync debug mode does not flag a pageable upload")
+    x.zero_()
+    pinned.zero_()
+    for y, dtype, channels_last in zip(ys, (torch.float32, torch.float32, torch.float16, torch.float32),
+                                       (False, False, False, True)):
+        assert y.is_contiguous(memory_format=torch.channels_last) == channels_last
+        got = y.cpu()
+        assert got.is_contiguous(memory_format=torch.channels_last) == channels_last
+        assert torch.equal(got, ref.to(dtype))  # the values at the call, not the zeros written after it

@@ -18,7 +18,7 @@ import torch
 
 from .. import _C
 from ..config import config
-from ..device.backing import backing_device
+from ..device.backing import to_backing
 from ..device.tensor import new_tensor
 from ..ir.node import data_leaf
 from ..sync import launch
@@ -103,7 +103,7 @@ def _host_runs(ops: List[Any]) -> List[tuple]:
 
 
 def _snapshot(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return t.detach().to(backing_device(), dtype=dtype, copy=True)
+    return to_backing(t, dtype)
 
 
 def _storage_inputs(tensors: tuple) -> list:

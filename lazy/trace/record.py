@@ -14,7 +14,7 @@ import torch
 
 from .. import _C
 from ..debug import metrics
-from ..device.backing import backing_device
+from ..device.backing import to_backing
 from ..device.tensor import LazyTensor, Storage, adopt, new_tensor, wrap
 from ..ir.layout import contiguous_stride, non_overlapping_and_dense, storage_numel
 from ..ir.node import DEVICE, GENERATOR, SCALAR_MARKERS, TENSOR, Node, Op, data_leaf, getitem
@@ -108,7 +108,7 @@ def _constant(t: torch.Tensor, desc: OpDesc) -> Node:
         raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, lazy:0 "
                            f"and {t.device}! (in {desc.name}; move the {t.device} tensor of shape "
                            f"{list(t.shape)} with .to('lazy') first)")
-    data = t.detach().to(backing_device(), copy=True)  # a snapshot: eager reads the value at call time
+    data = to_backing(t)  # a snapshot: eager reads the value at call time
     metrics.bump("bytes_to_device", data.numel() * data.element_size())
     leaf = data_leaf(data)
     if CAPTURE is not None:
@@ -479,8 +479,7 @@ def record_to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     device = kwargs.get("device")
     x = args[0]
     if not isinstance(x, LazyTensor):  # another device -> lazy: a snapshot of the data becomes a leaf
-        data = x.detach().to(backing_device(), dtype=kwargs.get("dtype") or x.dtype, copy=True,
-                             memory_format=kwargs.get("memory_format") or torch.preserve_format)
+        data = to_backing(x, kwargs.get("dtype") or x.dtype, kwargs.get("memory_format") or torch.preserve_format)
         metrics.bump("bytes_to_device", data.numel() * data.element_size())
         out = from_data(data)
         if CAPTURE is not None:
