@@ -109,7 +109,8 @@ def _table() -> dict:
                     "counter_value": _counter_value, "metrics_report": metrics.report},
         "ts_backend": {"init": _ts_backend_init},
         "ir_cache": {"reset": _ir_cache_reset,
-                     "dump": _refusal("ir_cache.dump", "lazy.explain() lists compiled graphs; LAZY_DUMP_DIR writes them")},
+                     "dump": _refusal("ir_cache.dump",
+                                      "lazy.explain() lists compiled graphs; LAZY_DUMP_DIR writes them")},
         "debug": {"dump_ir": _dump_ir,
                   "render_ir_graph": _refusal("debug.render_ir_graph", "debug.dump_ir(tensors, 'text') or " + graph)},
         "config": {name: _refusal(f"config.{name}", "lazy.config holds this runtime's knobs")

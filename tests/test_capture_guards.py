@@ -10,7 +10,7 @@ from lazy.capture import expr as X
 from lazy.capture.expr import E, Renderer
 from lazy.capture.function import state_of
 from lazy.capture.guards import compile_guards
-from lazy.capture.policy import tensor_signature
+from lazy.capture.guards import tensor_signature
 from lazy.capture.replay import STATE_CALLS, _keys_same, _python_check, global_state
 
 L = "lazy"

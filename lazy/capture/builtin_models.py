@@ -17,7 +17,7 @@ from .expr import E
 from .interpreter import Box, Generator
 from .plain_policy import BINARY
 from .lookaside import LOOKASIDES, _KEEP, Lookaside, _pure_native, lookaside, mapping_items
-from .policy import NUMBERS, Bound, BoxIter, New, is_tensor
+from .boxes import NUMBERS, Bound, BoxIter, New, is_tensor
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from ..trace.schema import RUNTIME_MEMO_VALUE, STATIC, describe
 from ..sync import launch
 from .expr import E
 from .interpreter import Box
-from .policy import New, is_lazy
+from .boxes import New, is_lazy
 from .session import Session
 
 _SCALAR_MARKER_SET = frozenset(map(id, SCALAR_MARKERS.values()))

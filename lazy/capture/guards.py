@@ -150,3 +150,12 @@ def compile_guards(state: tuple, guards: List[Guard], state_calls: tuple, keys_s
             residual.append((kind, e, expected))
     regs = 1 + max((ins[1] for ins in b.code), default=-1)
     return _C.guard_program(b.code, regs, LazyTensor, torch.nn.Module), residual
+
+
+def tensor_signature(t: Any) -> tuple:
+    """What a guard on a tensor compares: the metadata the recorded graph depends on."""
+    if isinstance(t, LazyTensor):
+        return ("lazy", t._lz_desc, t.requires_grad, t._lz_chain is not None, t._lz_st.numel)
+    if isinstance(t, torch.Tensor):
+        return ("host", tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.device, t.requires_grad)
+    return ("none",) if t is None else ("other", type(t))

@@ -25,7 +25,7 @@ from .. import _C
 from . import expr as X
 from .expr import E
 from .interpreter import Box, Generator, decode
-from .policy import NUMBERS, CONSTANT_TYPES, Bound, BoxIter, New, is_tensor
+from .boxes import CONSTANT_TYPES, NUMBERS, Bound, BoxIter, New, is_tensor
 
 Lookaside = Callable[[Any, List[Box], Dict[str, Box]], Box]
 LOOKASIDES: Dict[int, Lookaside] = {}

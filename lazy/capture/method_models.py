@@ -20,7 +20,7 @@ from . import expr as X
 from .expr import E
 from .interpreter import Box
 from .lookaside import LOOKASIDES, METHODS, Lookaside, Method, _key_box, lookaside, mapping_items, method
-from .policy import Bound, New
+from .boxes import Bound, New
 
 
 # ---------------------------------------------------------------------------------------------------------------

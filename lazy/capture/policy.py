@@ -15,67 +15,18 @@ effects; values are guarded where they are used (Note [Guards] in lazy/capture/s
 """
 from __future__ import annotations
 
-import sys
 import types
 from typing import Any, Dict, List, Optional
-
-import torch
 
 from .. import _C
 from ..device.tensor import LazyTensor
 from . import expr as X
 from .expr import E
+from .boxes import CONSTANT_TYPES, NUMBERS, Bound, BoxIter, New, is_tensor, library_code
+from .guards import tensor_signature
 from .interpreter import Box, Frame, Generator, decode
 from .plain_policy import BINARY, COMPARE, UNARY, Policy
 from .session import CaptureBreak, Effect, Session
-
-NUMBERS = (bool, int, float)
-CONSTANT_TYPES = (str, bytes, type(None), type(Ellipsis), torch.dtype, torch.device, torch.layout,
-                  torch.memory_format, types.CodeType)
-
-
-class New:
-    """Metadata of an object the call created: ``items`` shadows a list/tuple's elements (boxes), a dict's
-    ``{key: box}``, a cell's contents; ``attrs`` an object's stored attributes."""
-
-    __slots__ = ("kind", "items", "attrs")
-
-    def __init__(self, kind: str, items: Any = None) -> None:
-        self.kind = kind
-        self.items = items
-        self.attrs: Dict[str, Box] = {}
-
-    def __repr__(self) -> str:
-        return f"New({self.kind})"
-
-
-class Bound:
-    __slots__ = ("recv", "name")
-
-    def __init__(self, recv: Box, name: str) -> None:
-        self.recv, self.name = recv, name
-
-
-class BoxIter:
-    """Metadata of an iterator the policy steps itself: a Python iterator of boxes."""
-
-    __slots__ = ("it",)
-
-    def __init__(self, it: Any) -> None:
-        self.it = it
-
-
-def is_sym(b: Box) -> bool:
-    return type(b.m) is E and type(b.v) in NUMBERS
-
-
-def is_tensor(v: Any) -> bool:
-    return isinstance(v, torch.Tensor)
-
-
-def is_lazy(v: Any) -> bool:
-    return isinstance(v, LazyTensor)
-
 
 class CapturePolicy(Policy):
     def __init__(self, session: Session, fullgraph: bool = False) -> None:
@@ -99,7 +50,7 @@ class CapturePolicy(Policy):
         """The innermost interpreted frame in user code (outside torch and lazy), else the innermost frame."""
         for frame in reversed(self.interp.frames):
             name = frame.code.code.co_filename
-            if not _library(name):
+            if not library_code(name):
                 return frame.where()
         return self.where()
 
@@ -606,27 +557,4 @@ def _setitem(a: Any, k: Any, v: Any) -> None:
     a[k] = v
 
 
-_LIBRARY_ROOTS = tuple(p for p in {
-    torch.__file__.rsplit("/", 1)[0] + "/",
-    __file__.rsplit("/", 2)[0] + "/",
-    sys.prefix + "/lib/", sys.base_prefix + "/lib/",
-} if p)
-
-
-def _library(filename: str) -> bool:
-    """Whether code in ``filename`` is torch's, lazy's or the standard library's (not the user's)."""
-    # NOTE: "<string>"-like names are generated code (dataclasses' __init__, namedtuples), made by libraries
-    return filename.startswith(_LIBRARY_ROOTS) or filename.startswith("<")
-
-
-def tensor_signature(t: Any) -> tuple:
-    """What a guard on a tensor compares: the metadata the recorded graph depends on."""
-    if isinstance(t, LazyTensor):
-        return ("lazy", t._lz_desc, t.requires_grad, t._lz_chain is not None, t._lz_st.numel)
-    if isinstance(t, torch.Tensor):
-        return ("host", tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.device, t.requires_grad)
-    return ("none",) if t is None else ("other", type(t))
-
-
-__all__ = ["CapturePolicy", "New", "Bound", "BoxIter", "is_sym", "is_tensor", "is_lazy", "tensor_signature",
-           "decode", "_C"]
+__all__ = ["CapturePolicy", "decode", "_C"]

@@ -25,9 +25,9 @@ from ..sync import launch
 from . import expr as X
 from .expr import E, Renderer, compile_function
 from .finalize import Plan
-from .guards import compile_guards
+from .guards import compile_guards, tensor_signature
 from .interpreter import Box
-from .policy import New, is_lazy, tensor_signature
+from .boxes import New, is_lazy
 from .session import Session
 
 
@@ -274,7 +274,8 @@ class Entry:
         body.append("return result")
         fn = compile_function("replay", "A", r.preamble + body, r.consts)
         fn.__globals__.update(_host_steps=_C.host_steps, _storage_inputs=_storage_inputs, _snapshot=_snapshot,
-                              _write_all=_C.replay_writes, _write_bound=_write_bound, _new=new_tensor, _leaf=data_leaf, _consumed=_consumed)
+                              _write_all=_C.replay_writes, _write_bound=_write_bound, _new=new_tensor,
+                              _leaf=data_leaf, _consumed=_consumed)
         self.run_source = fn.__lazy_source__
         return fn
 

@@ -24,7 +24,7 @@ from ..device.tensor import LazyTensor
 from . import expr as X
 from .expr import E
 from .interpreter import Box
-from .policy import NUMBERS, Bound, New, is_lazy, is_tensor
+from .boxes import NUMBERS, Bound, New, is_lazy, is_tensor, library_code
 from .session import Effect, HostOp, TorchCall
 
 
@@ -247,9 +247,8 @@ class _tripwire:
 
     def _profile(self, frame: Any, event: str, arg: Any) -> None:
         if event == "call":
-            from .policy import _library
             filename = frame.f_code.co_filename
-            if not _library(filename):
+            if not library_code(filename):
                 self.p.breaks(f"runs {frame.f_code.co_qualname} ({filename}:{frame.f_lineno}) natively inside "
                               f"{_name(self.fn)}, where capture cannot follow it")
 

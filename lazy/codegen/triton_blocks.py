@@ -90,7 +90,8 @@ def candidates(k: Kernel, tune: str = "off") -> List[Blocks]:
         return [d]
     wide = tune == "max"
     if not k.stages:
-        out = [d, Blocks(d.x * 2, 0, _warps(d.x * 2)), Blocks(d.x, 0, d.warps * 2), Blocks(max(d.x // 2, 1), 0, d.warps)]
+        out = [d, Blocks(d.x * 2, 0, _warps(d.x * 2)), Blocks(d.x, 0, d.warps * 2),
+               Blocks(max(d.x // 2, 1), 0, d.warps)]
         return _distinct_blocks([b for b in out if b.x <= 4096])
     outer_n, longest = _extents(k)
     if _persistent(k, longest):  # rows per program and warps

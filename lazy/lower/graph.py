@@ -23,7 +23,8 @@ from .pointwise import LOWERINGS
 from .values import SUPPORTED_DTYPES, ScalarArg, TVal, Unlowerable, from_buffer, vars_for
 
 SHARED_INLINE_LIMIT = 48  # a value used twice is recomputed in each consumer only if it costs less (recompute_cost)
-SHARED_FULL_LOADS = 2     # ... and reads at most this many buffers of its own size (Note [Shared values that read much])
+# ... and reads at most this many buffers of its own size (Note [Shared values that read much])
+SHARED_FULL_LOADS = 2
 # NOTE: a transcendental function costs ~20 simple ops when vectorized, and a consumer may run it in a scalar loop
 # (a reduction body, a strided store): recomputing gelu's tanh in four consumers cost 4x a stored value's time.
 EXPENSIVE_OPS = {"exp", "log", "tanh", "erf", "sin", "cos", "log1p", "expm1", "sigmoid", "gelu", "gelu_tanh", "pow",

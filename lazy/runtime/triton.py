@@ -12,9 +12,9 @@ A run enqueues work on the current stream and returns: it never synchronizes (th
 that). Each kernel's launch is prepared once: the loaded kernel, its launcher and argument types (Note [One
 launcher for every signature] in triton_launch.py), the grid, and the positions of its arguments, so a run calls
 the launcher directly with the tensors of its buffers and its runtime scalars, not Triton's Python launch path
-(binding, specialization and cache lookup per call). Kernels are compiled for 16-byte aligned buffers (as every buffer the caching allocator hands out is); a
-run whose leaves or extern results are not aligned takes Triton's own launch path, which compiles (once) and
-launches the variant they need.
+(binding, specialization and cache lookup per call). Kernels are compiled for 16-byte aligned buffers (as every
+buffer the caching allocator hands out is); a run whose leaves or extern results are not aligned takes Triton's
+own launch path, which compiles (once) and launches the variant they need.
 
 Note [Tuning on the first run]
 A kernel rendered with several block sizes (Note [Tuned block sizes] in codegen/triton_blocks.py) is timed at the
