@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -111,3 +112,28 @@ def test_a_failed_compile_or_a_dead_worker_raises_and_the_pool_goes_on(module):
         assert pool.submit(_request(module)).result(timeout=300)["infos"][0]["name"] == "k0"  # a new worker
     finally:
         pool.shutdown()
+
+
+def test_workers_end_with_their_process(module, tmp_path):
+    """A script that exits while a compile runs exits cleanly, and its compile worker ends with it."""
+    script = tmp_path / "exits.py"
+    script.write_text(textwrap.dedent(f"""
+        import lazy
+        from lazy.runtime import triton_build
+        lazy.config.triton_workers = 1
+        pool = triton_build._pool()
+        pool.submit({_request(module)!r})
+        print(pool.workers[0].proc.pid, flush=True)
+    """))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    pid = int(done.stdout.split()[-1])
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"compile worker {pid} outlived its parent")

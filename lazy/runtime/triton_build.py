@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -216,44 +217,54 @@ class _Worker:
         return answer
 
     def close(self) -> None:
+        """End the process: at once (it may be compiling; nothing waits for it any more)."""
         with contextlib.suppress(OSError):
             self.proc.stdin.close()
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            self.proc.wait(timeout=5)
         if self.proc.poll() is None:
             self.proc.kill()
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
         self.err.close()
 
 
 class _Pool:
-    """Worker processes, each serving one request at a time, and threads that wait on them (futures)."""
+    """Worker processes, each served by a daemon thread of its own that takes the next request from one queue (so
+    the interpreter's exit never waits for a compile), and futures for the requests."""
 
     def __init__(self, n: int) -> None:
-        self.idle: "queue.Queue[_Worker]" = queue.Queue()
+        self.requests: "queue.SimpleQueue[Optional[tuple]]" = queue.SimpleQueue()
         self.workers = [_Worker() for _ in range(n)]
-        for w in self.workers:
-            self.idle.put(w)
-        self.threads = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="lazy-triton-compile")
+        self.closed = False
+        for i in range(n):
+            threading.Thread(target=self._serve, args=(i,), daemon=True, name=f"lazy-triton-compile-{i}").start()
 
     def submit(self, request: Dict[str, Any]) -> concurrent.futures.Future:
-        return self.threads.submit(self._call, request)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self.requests.put((request, future))
+        return future
 
-    def _call(self, request: Dict[str, Any]) -> Dict[str, Any]:
-        worker = self.idle.get()
-        try:
-            return worker.call(request)
-        except RuntimeError:
-            if worker.proc.poll() is not None:  # a dead worker is replaced, its compile fails
-                worker.close()
-                worker = _Worker()
-            raise
-        finally:
-            self.idle.put(worker)
+    def _serve(self, i: int) -> None:
+        while True:
+            item = self.requests.get()
+            if item is None:
+                return
+            request, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(self.workers[i].call(request))
+            except Exception as e:  # noqa: BLE001 -- the compile's caller raises it
+                if self.workers[i].proc.poll() is not None and not self.closed:  # a dead worker is replaced
+                    self.workers[i].close()
+                    self.workers[i] = _Worker()
+                future.set_exception(e)
 
     def shutdown(self) -> None:
-        self.threads.shutdown(wait=False, cancel_futures=True)
-        while not self.idle.empty():
-            self.idle.get().close()
+        self.closed = True
+        for _ in self.workers:
+            self.requests.put(None)
+        for w in self.workers:
+            w.close()
 
 
 def _pool() -> _Pool:
