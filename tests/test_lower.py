@@ -503,3 +503,26 @@ def test_dtypes_eager_rejects_stay_externs(case, cpu_backing):
         else:
             torch.testing.assert_close(fn(x.to("lazy")).cpu(), expected)
             assert not any(k.startswith("extern.") for k in metrics.counters())
+
+
+def test_walks_are_kept_per_expression_without_cycles():
+    """kir.walk is computed once per root (expressions are interned and immutable) and kept without the root, so an
+    expression no longer used is freed by reference counting alone."""
+    import gc
+    import weakref
+
+    from lazy.lower import kir
+    i, j = kir.var("i", 7), kir.var("j", 5)
+    root = kir.mk("mul", torch.float32, kir.mk("add", torch.float32, i, j), kir.mk("neg", torch.float32, i))
+    first = kir.walk(root)
+    assert first[-1] is root and set(first) == {i, j, root, *root.args}
+    assert all(first.index(a) < first.index(e) for e in first for a in kir.children(e))  # children first
+    assert kir.walk(root) == first and kir.walk(root) is not first
+    assert set(kir.walk(root, stop={root.args[0]})) == {root.args[0], root.args[1], i, root}  # not into i + j
+    gc.disable()
+    try:
+        ref = weakref.ref(root)
+        del root, first
+        assert ref() is None
+    finally:
+        gc.enable()

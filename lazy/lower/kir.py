@@ -27,7 +27,7 @@ INDEX = torch.int64
 class Expr:
     """One interned node: ``op`` (a name), ``dtype`` (torch dtype of the value) and ``args`` (Exprs or statics)."""
 
-    __slots__ = ("op", "dtype", "args", "_hash", "__weakref__")
+    __slots__ = ("op", "dtype", "args", "_hash", "_below", "__weakref__")
 
     def __hash__(self) -> int:
         return self._hash
@@ -48,7 +48,7 @@ def mk(op: str, dtype: torch.dtype, *args: Any) -> Expr:
     e = _INTERN.get(key)
     if e is None:
         e = Expr()
-        e.op, e.dtype, e.args, e._hash = op, dtype, args, hash(key)
+        e.op, e.dtype, e.args, e._hash, e._below = op, dtype, args, hash(key), None
         _INTERN[key] = e
     return e
 
@@ -355,7 +355,19 @@ def imod(a: Expr, k: int) -> Expr:
 
 def walk(root: Expr, stop: Container = ()) -> List[Expr]:
     """Every expression reachable from ``root`` (not into reduction bodies, nor into the operands of expressions in
-    ``stop``), children before parents."""
+    ``stop``), children before parents, ``root`` last."""
+    if stop:
+        return _walk(root, stop)
+    # NOTE: expressions are interned and immutable, so a root's walk is computed once (the passes walk the same
+    # kernel bodies again and again: a GPT step's build walked 6.5x the nodes of its distinct roots); it is kept
+    # without the root itself, so no expression refers back to itself
+    below = root._below
+    if below is None:
+        below = root._below = tuple(_walk(root, ())[:-1])
+    return [*below, root]
+
+
+def _walk(root: Expr, stop: Container) -> List[Expr]:
     seen: Dict[Expr, None] = {}
     stack: List[Tuple[Expr, bool]] = [(root, False)]
     while stack:
