@@ -27,7 +27,7 @@ INDEX = torch.int64
 class Expr:
     """One interned node: ``op`` (a name), ``dtype`` (torch dtype of the value) and ``args`` (Exprs or statics)."""
 
-    __slots__ = ("op", "dtype", "args", "_hash", "_below", "__weakref__")
+    __slots__ = ("op", "dtype", "args", "_hash", "_below", "_lin", "__weakref__")
 
     def __hash__(self) -> int:
         return self._hash
@@ -48,7 +48,7 @@ def mk(op: str, dtype: torch.dtype, *args: Any) -> Expr:
     e = _INTERN.get(key)
     if e is None:
         e = Expr()
-        e.op, e.dtype, e.args, e._hash, e._below = op, dtype, args, hash(key), None
+        e.op, e.dtype, e.args, e._hash, e._below, e._lin = op, dtype, args, hash(key), None, None
         _INTERN[key] = e
     return e
 
@@ -184,6 +184,11 @@ def op(name: str, dtype: torch.dtype, *args: Expr) -> Expr:
 # ---- index arithmetic (simplified as built) ------------------------------------------------------------------
 
 def _linear(e: Expr) -> Tuple[Dict[Expr, int], int]:
+    """``e`` as (coefficient by atom, constant). NOTE: the dict may be kept on ``e`` (``_lin``): never change it.
+    Sums and products are computed once per expression (interned, immutable): left-nested sums of n terms cost
+    O(n^2) to take apart again at every use. Atoms are not kept (their dict would refer back to themselves)."""
+    if e._lin is not None:
+        return e._lin
     if e.op == "const":
         return {}, e.args[0]
     if e.op == "iadd":
@@ -191,11 +196,13 @@ def _linear(e: Expr) -> Tuple[Dict[Expr, int], int]:
         out = dict(ta)
         for k, v in tb.items():
             out[k] = out.get(k, 0) + v
-        return {k: v for k, v in out.items() if v}, ca + cb
+        e._lin = ({k: v for k, v in out.items() if v}, ca + cb)
+        return e._lin
     if e.op == "imul" and e.args[1].op == "const":
         t, c = _linear(e.args[0])
         k = e.args[1].args[0]
-        return {a: v * k for a, v in t.items() if v * k}, c * k
+        e._lin = ({a: v * k for a, v in t.items() if v * k}, c * k)
+        return e._lin
     return {e: 1}, 0
 
 
