@@ -220,6 +220,25 @@ def test_python_number_used_as_a_shape_is_guarded_and_as_a_scalar_is_not():
     assert counter("capture.replays") == 2
 
 
+def test_constant_and_runtime_scalars_of_replays_reach_the_kernels():
+    """A replay passes its graph's scalars as a tuple: the function's own constants one constant tuple, packed once
+    by the C++ program; runtime numbers a new tuple per call, packed again (runtime/cpp.py)."""
+    @lazy.compile
+    def f(x, a):
+        return (x * 2.5 + 0.25) * a
+
+    @lazy.compile
+    def g(x):
+        return (x * 1.5 - 0.75).sin()
+
+    for i in range(5):
+        x = torch.randn(8, 8)
+        for a in (0.5, 3.0):
+            torch.testing.assert_close(f(x.to(L), a).cpu(), (x * 2.5 + 0.25) * a)
+        torch.testing.assert_close(g(x.to(L)).cpu(), (x * 1.5 - 0.75).sin())
+    assert counter("capture.captures") == 2 and counter("capture.replays") == 13
+
+
 def test_autograd_function_apply_replays():
     """``Function.apply`` (a classmethod: bound anew at every read, as DDP's _DDPSink's) is guarded by what it binds,
     not by its own identity, so the call replays instead of recompiling every time. (A Function of torch's own: one

@@ -122,8 +122,7 @@ class CompiledFunction:
         if not self.active or not _capturable_now():
             return RUN_PLAIN
         for entry in self.entries:
-            if entry.check(bound):
-                metrics.bump("capture.guard_hit")
+            if entry.check(bound):  # counted in capture.guard_hit by _replay
                 if config.capture_verify:
                     out = verified_replay(self, entry, bound, lambda: self._replay(entry, bound), _MISSED)
                 else:
@@ -184,9 +183,10 @@ class CompiledFunction:
             mark_step()
             out = entry.run(bound)
         except Miss:
+            metrics.bump("capture.guard_hit")
             return _MISSED
         entry.hits += 1
-        metrics.bump("capture.replays")
+        metrics.bump_many(("capture.guard_hit", 1), ("capture.replays", 1))
         return out
 
     # ---- capture ----

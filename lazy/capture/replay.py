@@ -246,7 +246,9 @@ class Entry:
             scalars = []
             for kind, v in plan.scalars:
                 scalars.append(f"R[{v}]" if kind == "reg" else r.expr(v) if kind == "expr" else r.const(v))
-            body.append(f"S = [{', '.join(scalars)}]")
+            # a tuple: of literals only (a function's own constants), it is one constant object, which the program
+            # packs once (runtime/cpp.py)
+            body.append(f"S = ({''.join(s + ', ' for s in scalars)})")
             body.append(f"O = {r.const(self.program)}.run(I, S)")
             if plan.mutated:
                 targets = "(" + "".join(f"{r.expr(e)}, " for _, e in plan.mutated) + ")"

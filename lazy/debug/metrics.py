@@ -20,6 +20,13 @@ def bump(name: str, amount: float = 1) -> None:
         _counts[name] += amount
 
 
+def bump_many(*pairs: tuple) -> None:
+    """``bump`` of several (name, amount) pairs under one lock (a program's run counts four things)."""
+    with _lock:
+        for name, amount in pairs:
+            _counts[name] += amount
+
+
 def counters() -> Dict[str, float]:
     """A snapshot of every counter: ``traced_ops``, ``sync.<cause>``, ``graph_cache.hit``/``miss``, ``compiles``,
     ``compile_time_s``, ``executed_graphs``, ``executed_nodes``, ``fallback.<op>``, ``bytes_to_device``,
