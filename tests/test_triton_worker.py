@@ -137,3 +137,23 @@ def test_workers_end_with_their_process(module, tmp_path):
         time.sleep(0.05)
     else:
         raise AssertionError(f"compile worker {pid} outlived its parent")
+
+
+def test_requests_are_one_per_distinct_compile():
+    """A model's repeated layers launch one function with one signature: one compile request between them; buffers
+    take their dtype's pointer type, scalars float64/int64 (or their device buffers, Note [Scalars in device
+    memory]); a dtype without kernels is refused by name."""
+    import torch
+
+    from lazy.codegen.triton import Launch
+    dtypes = {0: torch.float32, 1: torch.float32, 2: torch.bool, 3: torch.float32, 4: torch.complex64}
+    a = Launch("k0", [0, 1], [0, 1], [True, False], 4, 4, False)
+    b = Launch("k0", [3, 1], [2, 3], [True, False], 8, 4, False)  # another layer: same compile
+    c = Launch("k0", [2, 1], [0, 1], [True, False], 4, 4, False)  # a bool buffer: another signature
+    d = Launch("k1", [0, 1], [0], [True], 4, 4, False, memory=True)
+    reqs, index = triton_build.requests([a, b, c, d], dtypes)
+    assert index == [0, 0, 1, 2]
+    assert reqs[0] == {"name": "k0", "types": ["*fp32", "*fp32", "fp64", "i64"], "num_warps": 4, "debug": False}
+    assert reqs[1]["types"][0] == "*i1" and reqs[2]["types"] == ["*fp32", "*fp32", "*fp64"]
+    with pytest.raises(NotImplementedError, match="complex64"):
+        triton_build.requests([Launch("k2", [4], [], [], 1, 4, False)], dtypes)

@@ -126,6 +126,12 @@ _TYPES = {torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16", t
           torch.bool: "i1"}
 
 
+def _triton_type(dtype: torch.dtype) -> str:
+    if dtype not in _TYPES:
+        raise NotImplementedError(f"the triton backend has no kernels for {dtype} buffers")
+    return _TYPES[dtype]
+
+
 def requests(launches: Sequence[Any], dtypes: Dict[int, Any]) -> Tuple[List[Dict[str, Any]], List[int]]:
     """The distinct compiles of ``launches`` as worker requests (Note [One function per distinct kernel] in
     codegen/triton.py: launches of one function, signature and options share one), and each launch's request."""
@@ -133,8 +139,8 @@ def requests(launches: Sequence[Any], dtypes: Dict[int, Any]) -> Tuple[List[Dict
     seen: Dict[tuple, int] = {}
     index = []
     for launch in launches:
-        types = [f"*{_TYPES[dtypes[b]]}" for b in launch.buffers]
-        types += [f"*{_TYPES[dt]}" for dt in launch.scalar_buffers()] if launch.memory else \
+        types = [f"*{_triton_type(dtypes[b])}" for b in launch.buffers]
+        types += [f"*{_triton_type(dt)}" for dt in launch.scalar_buffers()] if launch.memory else \
             ["fp64" if f else "i64" for f in launch.floats]
         key = (launch.name, tuple(types), launch.num_warps, launch.debug)
         if key not in seen:
