@@ -12,4 +12,8 @@ PyObject* linearize(PyObject* self, PyObject* roots);
 // pack_scalars(scalars, doubles, int64s): fills the two writable buffers with float(s) and int(s) of each scalar.
 PyObject* pack_scalars(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
+// call_segment(function, pointers, doubles, int64s) -> int: a compiled program's segment entry point (an address:
+// ``int (void**, const double*, const int64_t*)``) called on the addresses of its argument arrays, without the GIL.
+PyObject* call_segment(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+
 }  // namespace lazy

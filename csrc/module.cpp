@@ -54,6 +54,8 @@ PyMethodDef methods[] = {
      "linearize(roots) -> (order, outputs, key, leaves, scalars): see lazy/ir/graph.py."},
     {"pack_scalars", FASTCALL(lazy::pack_scalars), METH_FASTCALL,
      "pack_scalars(scalars, doubles, int64s): a graph's runtime scalars as its kernels read them."},
+    {"call_segment", FASTCALL(lazy::call_segment), METH_FASTCALL,
+     "call_segment(function, pointers, doubles, int64s) -> int: a program segment called on addresses (csrc/graph.cpp)."},
     {"share_storage", FASTCALL(lazy::share_storage_py), METH_FASTCALL,
      "share_storage(view, base): the view's TensorImpl takes the base's C++ StorageImpl."},
     {"probe_layout", FASTCALL(lazy::probe_layout), METH_FASTCALL,

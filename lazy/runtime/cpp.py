@@ -153,7 +153,8 @@ class Program:
         self.arena_views = [(b.id, offsets[b.id], b.shape, b.dtype) for b in in_arena if b.id in extern_read]
         self._ptrs = (ctypes.c_void_p * max(self.num_buffers, 1))()
         self._values: List[Any] = [None] * self.num_buffers
-        self._packed: Tuple[Any, Any, Any] = (None, None, None)  # (scalars tuple, its float and int arrays)
+        # (scalars tuple, its float and int arrays, their addresses): Note [Segment calls in C] in csrc/graph.cpp
+        self._packed: Tuple[Any, ...] = (None, None, None, 0, 0)
         if self.keep_arena:
             base = self._arena.data_ptr()
             for bid, off in self.arena_slots:
@@ -173,7 +174,8 @@ class Program:
                 continue
             if id(step) in seg_of:
                 n = seg_of[id(step)]
-                steps.append([_SEGMENT, f"seg{n}", self._entry(f"lz_seg{n}"), [], [], 0, []])
+                fn = self._entry(f"lz_seg{n}")
+                steps.append([_SEGMENT, f"seg{n}", fn, [], [], 0, [], ctypes.cast(fn, ctypes.c_void_p).value])
             seg = steps[-1]
             seg[3].extend((b.id, b.shape, b.dtype) for b, _, _ in step.stores
                           if b.id in outputs or (b.id in extern_read and not self.keep_arena))
@@ -224,13 +226,15 @@ class Program:
         for i, t in zip(self.leaf_ids, leaves):
             values[i] = t
             ptrs[i] = t.data_ptr()
-        seen, fs, is_ = self._packed
+        seen, fs, is_, fs_at, is_at = self._packed
         if scalars is not seen:
             n = max(len(scalars), 1)
             fs, is_ = (ctypes.c_double * n)(), (ctypes.c_int64 * n)()
             _C.pack_scalars(scalars, fs, is_)  # float(s) and int(s) of each number, in C (~0.3 us each in Python)
+            fs_at, is_at = ctypes.addressof(fs), ctypes.addressof(is_)
             if type(scalars) is tuple and all(type(s) in (int, float, bool) for s in scalars):
-                self._packed = (scalars, fs, is_)  # the same tuple of numbers again (a replay's constants): kept
+                # the same tuple of numbers again (a replay's constants): kept
+                self._packed = (scalars, fs, is_, fs_at, is_at)
         timer = _Timer(self) if config.debug >= 3 else None
         check_alias = bool(self.arena_views) and self.keep_arena
         lo = arena.data_ptr()
@@ -241,13 +245,13 @@ class Program:
         with eager_dispatch():
             for step in self.steps:
                 if step[0] is _SEGMENT:
-                    _, label, fn, allocs, frees, count, names = step
+                    _, label, fn, allocs, frees, count, names, at = step
                     if allocs:  # a spare nothing references, else fresh (Note [Huge pages for large outputs])
                         reused += _C.take_buffers(allocs, spares, values, address, pages.empty)
                     if timer is not None:
                         err = timer.segment(label, fn, names, ptrs, fs, is_)
                     else:
-                        err = fn(ptrs, fs, is_)
+                        err = _C.call_segment(at, address, fs_at, is_at)  # Note [Segment calls in C]
                     if err:
                         _raise_kernel_error(err)
                     launched += count
