@@ -334,11 +334,15 @@ HOOK = _C.capture_hook_supported()  # CPython 3.11, 3.12: the frame hook (csrc/c
 _C.capture_configure(RUN_PLAIN)
 
 
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_modes = torch._C._is_torch_function_mode_enabled
+_transforms = torch._C._are_functorch_transforms_active
+
+
 def _capturable_now() -> bool:
     """Capture and replay only where a plain call would record exactly: no dispatch or function modes, no functorch
     transforms, not inside another capture."""
-    return not (torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled()
-                or torch._C._are_functorch_transforms_active() or record.CAPTURE is not None)
+    return not (_dispatch_modes() or _function_modes() or _transforms() or record.CAPTURE is not None)
 
 
 def compile(fn: Optional[Callable[..., Any]] = None, *, fullgraph: bool = False, dynamic: bool = False,
