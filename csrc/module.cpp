@@ -52,6 +52,8 @@ PyMethodDef methods[] = {
     {"fast_path_stats", lazy::fast_path_stats, METH_NOARGS, "(hits, misses) of the fast path."},
     {"linearize", lazy::linearize, METH_O,
      "linearize(roots) -> (order, outputs, key, leaves, scalars): see lazy/ir/graph.py."},
+    {"new_tensor", FASTCALL(lazy::new_tensor), METH_FASTCALL,
+     "new_tensor(desc, value, numel): a new lazy tensor owning a new storage of value (lazy/device/tensor.py)."},
     {"pack_scalars", FASTCALL(lazy::pack_scalars), METH_FASTCALL,
      "pack_scalars(scalars, doubles, int64s): a graph's runtime scalars as its kernels read them."},
     {"call_segment", FASTCALL(lazy::call_segment), METH_FASTCALL,

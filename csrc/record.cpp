@@ -743,6 +743,14 @@ PyObject* set_fast_path(PyObject*, PyObject* enabled) {
 
 PyObject* traced_ops(PyObject*, PyObject*) { return PyLong_FromLongLong(g.traced); }
 
+PyObject* new_tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 4 || g.make_wrapper == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "new_tensor(desc: (shape, stride, offset, dtype), value, numel), once configured");
+    return nullptr;
+  }
+  return new_base(args[0], args[1], args[2]);
+}
+
 PyObject* bump_traced_ops(PyObject*, PyObject*) {
   ++g.traced;
   Py_RETURN_NONE;

@@ -41,4 +41,7 @@ PyObject* install_methods(PyObject* self, PyObject* const* args, Py_ssize_t narg
 // plain_call(x): whether a call on lazy tensor ``x`` alone may skip the dispatcher (the methods' test).
 PyObject* plain_call(PyObject* self, PyObject* x);
 
+// new_tensor(desc, value, numel): lazy/device/tensor.py's new_tensor in C (a replay's new results).
+PyObject* new_tensor(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+
 }  // namespace lazy

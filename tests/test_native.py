@@ -495,3 +495,19 @@ def test_pack_scalars_matches_float_and_int():
         _C.pack_scalars([2 ** 70], fs, is_)
     with pytest.raises(ValueError):
         _C.pack_scalars(scalars + [1.0], fs, is_)  # more scalars than the buffers hold
+
+
+def test_new_tensor_in_c_equals_pythons():
+    """lazy._C.new_tensor (a replay's new results) makes what lazy/device/tensor.py's new_tensor makes."""
+    from lazy.device.tensor import new_tensor
+    x = torch.randn(3, 4).to(L) * 2  # pending IR: its value is a node
+    value = x._lz_st.value
+    desc = ((3, 4), (4, 1), 0, torch.float32)
+    a, b = new_tensor(desc, value, 12), lazy._C.new_tensor(desc, value, 12)
+    for t in (a, b):
+        assert type(t) is lazy.LazyTensor and t._lz_desc == desc and t._lz_st.value is value
+        assert (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype) == ((3, 4), (4, 1), 0, torch.float32)
+        assert t._lz_chain is None and t._lz_st.numel == 12
+    torch.testing.assert_close(b.cpu(), a.cpu())
+    with pytest.raises(TypeError):
+        lazy._C.new_tensor(((3, 4), (4, 1), 0), value, 12)

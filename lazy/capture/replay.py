@@ -19,7 +19,6 @@ import torch
 from .. import _C
 from ..config import config
 from ..device.backing import to_backing
-from ..device.tensor import new_tensor
 from ..ir.node import data_leaf
 from ..sync import launch
 from . import expr as X
@@ -276,7 +275,7 @@ class Entry:
         body.append("return result")
         fn = compile_function("replay", "A", r.preamble + body, r.consts)
         fn.__globals__.update(_host_steps=_C.host_steps, _storage_inputs=_storage_inputs, _snapshot=_snapshot,
-                              _write_all=_C.replay_writes, _write_bound=_write_bound, _new=new_tensor,
+                              _write_all=_C.replay_writes, _write_bound=_write_bound, _new=_C.new_tensor,
                               _leaf=data_leaf, _consumed=_consumed)
         self.run_source = fn.__lazy_source__
         return fn
