@@ -47,9 +47,7 @@ from . import triton_worker
 _POOL: Optional[concurrent.futures.ProcessPoolExecutor] = None
 PRESTART_NODES = 256
 POOL_MIN_COMPILES = 8  # a graph compiled at its first run (not tiered) uses the pool from this many compiles on
-# Triton's compile options of every kernel. NOTE: no overflow checks, which a kernel compiled with debug (one with
-# index checks) would otherwise assert on: integer arithmetic wraps, as eager's does.
-OPTIONS = {"num_stages": 1, "sanitize_overflow": False}
+OPTIONS = triton_worker.OPTIONS
 
 
 def triton_cache_dir() -> Optional[str]:

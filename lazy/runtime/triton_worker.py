@@ -22,6 +22,11 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+# Triton's compile options of every kernel. NOTE: no overflow checks, which a kernel compiled with debug (one with
+# index checks) would otherwise assert on: integer arithmetic wraps, as eager's does. Multiplies and adds fuse
+# (FMA), as in eager's CUDA kernels (nvcc's default); set, since Triton 3.10 changes its default.
+OPTIONS = {"num_stages": 1, "sanitize_overflow": False, "enable_fp_fusion": True}
+
 _SCALARS = {"i1": "i", "i8": "b", "i16": "h", "i32": "i", "i64": "l", "u1": "I", "u8": "B", "u16": "H",
             "u32": "I", "u64": "K", "fp16": "f", "bf16": "f", "fp32": "f", "f32": "f", "fp64": "d"}
 
@@ -94,7 +99,7 @@ def compile_one(fn: Any, types: List[str], num_warps: int, debug: bool, target: 
     signature = dict(zip(fn.arg_names, types))
     attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(types) if t.startswith("*")}
     src = ASTSource(fn, signature, {}, attrs=attrs)
-    options = {"num_warps": num_warps, "num_stages": 1, "sanitize_overflow": False, "debug": debug}
+    options = {**OPTIONS, "num_warps": num_warps, "debug": debug}
     return triton.compile(src, target=GPUTarget(*target), options=options)
 
 
