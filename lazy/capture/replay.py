@@ -101,10 +101,6 @@ def _host_runs(ops: List[Any]) -> List[tuple]:
     return runs
 
 
-def _snapshot(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return to_backing(t, dtype)
-
-
 def _storage_inputs(tensors: tuple) -> list:
     """The data of each storage a replay reads (Note [Replay bookkeeping in C] in csrc/replay_io.cpp); Pending if
     one holds IR, Miss if two share a storage (distinct at capture: the graph does not hold)."""
@@ -274,7 +270,7 @@ class Entry:
         body.extend(stores)
         body.append("return result")
         fn = compile_function("replay", "A", r.preamble + body, r.consts)
-        fn.__globals__.update(_host_steps=_C.host_steps, _storage_inputs=_storage_inputs, _snapshot=_snapshot,
+        fn.__globals__.update(_host_steps=_C.host_steps, _storage_inputs=_storage_inputs, _snapshot=to_backing,
                               _write_all=_C.replay_writes, _write_bound=_write_bound, _new=_C.new_tensor,
                               _leaf=data_leaf, _consumed=_consumed)
         self.run_source = fn.__lazy_source__

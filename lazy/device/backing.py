@@ -31,7 +31,7 @@ def to_backing(t: torch.Tensor, dtype: Optional[torch.dtype] = None,
     ``memory_format``; from the host to cuda without waiting for the device (Note [Uploads do not wait])."""
     device = backing_device()
     t = t.detach()
-    if device.type != "cuda" or t.device.type != "cpu" or not torch.cuda.is_available():
+    if device.type != "cuda" or t.device.type != "cpu":
         return t.to(device, dtype=dtype, copy=True, memory_format=memory_format)
     like = torch.empty_like(t, memory_format=memory_format)  # eager's layout of the copy (pages never touched)
     staged = torch.empty_strided(t.shape, like.stride(), dtype=dtype or t.dtype, pin_memory=True)

@@ -146,7 +146,7 @@ class Program:
                     if launcher.statically(info):
                         loaded[at] = launcher.load(info, build.cubin(info), launch.grid, device)
                     else:
-                        ck, = build.compile_kernels(self._path, [launch], self._dtypes)
+                        ck = build.compile_jit(self._fn(launch.name), launch, self._dtypes)
                         loaded[at] = launcher.load_compiled(ck, launch.grid)
                 cands.append(loaded[at])
             self._cands.append(cands)

@@ -44,7 +44,7 @@ from ..config import config
 from ..debug import metrics
 from . import triton_worker
 
-_POOL: Optional[concurrent.futures.ProcessPoolExecutor] = None
+_POOL: Optional["_Pool"] = None
 PRESTART_NODES = 256
 POOL_MIN_COMPILES = 8  # a graph compiled at its first run (not tiered) uses the pool from this many compiles on
 OPTIONS = triton_worker.OPTIONS
@@ -154,16 +154,13 @@ def target(device: torch.device) -> Tuple[str, int, int]:
     return ("cuda", major * 10 + minor, 32)
 
 
-def compile_kernels(path: str, launches: Sequence[Any], dtypes: Dict[int, Any]) -> List[Any]:
-    """Compile through Triton's JIT in this process: the CompiledKernels, for launches only Triton's launcher can
-    launch (Note [One launcher for every signature] in triton_launch.py)."""
-    mod = load_module(path, interpret=False)
-    out = []
-    for launch in launches:
-        args = [dtypes[b] for b in launch.buffers]
-        args += launch.scalar_buffers() if launch.memory else [0.0 if f else 0 for f in launch.floats]
-        out.append(getattr(mod, launch.name).warmup(*args, grid=(1,), **OPTIONS, num_warps=launch.num_warps))
-    return out
+def compile_jit(fn: Any, launch: Any, dtypes: Dict[int, Any]) -> Any:
+    """Compile ``launch`` of the module's Triton function ``fn`` through Triton's JIT in this process: the
+    CompiledKernel, for a launch only Triton's launcher can launch (Note [One launcher for every signature] in
+    triton_launch.py)."""
+    args = [dtypes[b] for b in launch.buffers]
+    args += launch.scalar_buffers() if launch.memory else [0.0 if f else 0 for f in launch.floats]
+    return fn.warmup(*args, grid=(1,), **OPTIONS, num_warps=launch.num_warps)
 
 
 class Compiles:
@@ -297,7 +294,7 @@ def submit(path: str, reqs: List[Dict[str, Any]], device: torch.device) -> Compi
 
 
 def _shutdown() -> None:
-    """At exit: the workers' stdin closes and they end."""
+    """At exit: the workers end, compiling or not."""
     if _POOL is not None:
         _POOL.shutdown()
 
@@ -382,9 +379,7 @@ def cubin(info: Dict[str, Any]) -> str:
 def recompile(path: str, launch: Any, dtypes: Dict[int, Any], device: torch.device) -> Dict[str, Any]:
     """Compile one launch again, in this process: its kernel's files left Triton's cache since it was compiled (a
     corrupt record of another graph sharing the kernel removes them: ``read_record``)."""
-    reqs, _ = requests([launch], dtypes)
-    metrics.bump("triton.compiles")
-    return triton_worker.compile_share(path, reqs, target(device))["infos"][0]
+    return compile_now(path, requests([launch], dtypes)[0], device)[0]
 
 
 def write_record(key: str, source: str, infos: Sequence[Dict[str, Any]], tuned: Optional[List[int]] = None) -> None:
