@@ -15,7 +15,9 @@ synchronized at the end, divided by their number:
 - eager:         plain PyTorch on the CPU.
 - lazy:          this project; lazy.mark_step() per step, asynchronous execution on (LAZY_ASYNC=1: a step's
                  program runs while the next step records; at most two programs in flight, so the median step is
-                 the steady-state cost). Compiles and graph-cache hits come from lazy.metrics.counters().
+                 the steady-state cost). Compiles and graph-cache hits come from lazy.metrics.counters(). With
+                 --device cuda, the default (LAZY_ASYNC=0): a sync there returns once its program is enqueued (a
+                 CUDA graph once cached), and the GPU runs it while the next step records.
 - lazy-sync:     the same with LAZY_ASYNC=0 (the default): each step records, then runs its program. Its steps are
                  also split into recording alone (the step less its program's run, lazy.metrics' run_time_s) and
                  run alone: an asynchronous step can at best take the larger of the two (the table under the others).
@@ -145,6 +147,7 @@ def run_lazy(kind: str, args, asynchronous: bool = True, capture: bool = False, 
     # A synchronous step splits into recording and its program's run (lazy.sync times the run on the calling
     # thread): what an asynchronous step overlaps. Only on the cpu, where a run ends when its kernels do.
     split = not asynchronous and not capture and args.device == "cpu"
+    asynchronous = asynchronous and args.device == "cpu"  # on cuda the GPU runs a program while the host records
     with lazy.config.override(async_execution=asynchronous, backing_device=args.device):
         compile_step = (lambda f: lazy.compile(f, mode=mode)) if capture else None
         result = time_training(kind, "lazy", lazy.mark_step, args, compile_step=compile_step,

@@ -50,6 +50,10 @@ KNOBS = (
     Knob("compile_after", 2, "LAZY_COMPILE_AFTER",
          "With compiler 'auto': the execution of a graph that compiles it; the ones before run on the reference "
          "executor (1: compile at the first execution; 2, the default: at the second).", int),
+    Knob("cuda_graphs", True, "LAZY_CUDA_GRAPHS",
+         "Triton backend on cuda: a cached graph's program replays as one CUDA graph from its second compiled run, "
+         "its inputs copied into the graph's memory and its outputs out of it (Note [CUDA graphs for cached "
+         "programs]); 0: every run launches its kernels from the host.", _bool),
     Knob("autotune", "default", "LAZY_AUTOTUNE",
          "Triton backend on cuda: block sizes tried per kernel at its first run, the fastest kept and cached "
          "(Note [Tuned block sizes]): 'off', 'default' (a few for each large reduction) or 'max' (more, pointwise "

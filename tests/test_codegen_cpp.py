@@ -108,7 +108,7 @@ def test_half_precision_kernels_round_like_eager(dtype):
 def test_arena_temporaries_and_fresh_outputs(keep, monkeypatch):
     # Note [Run plan]: kernel-only temporaries live in the Program's arena (reused by lifetime), outputs are new
     # tensors every run, and an extern's output that views an arena buffer is copied out before kernels reuse it.
-    from lazy.runtime.cpp import _arena_layout
+    from lazy.runtime.arena import layout as _arena_layout
     from lazy.lower.kir import Buffer
     bufs = [Buffer(i, (16,), torch.float32) for i in range(3)]
     size, off = _arena_layout(bufs, {0: 0, 1: 1, 2: 3}, {0: 1, 1: 2, 2: 4})

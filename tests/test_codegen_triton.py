@@ -46,6 +46,24 @@ def test_200_op_chain_is_one_kernel_storing_only_its_output():
     assert len(re.findall(r"tl\.store\(", program.source)) == 1
 
 
+def test_kernel_only_temporaries_share_one_arena():
+    """Note [Temporaries in one allocation]: buffers only kernels read and write live at offsets of one allocation
+    per run, reused by lifetime; graph outputs and extern inputs stay tensors of their own."""
+    def f(x, w):
+        a = x - x.mean(0)                    # column means: a temporary of the next kernel
+        b = (a * a).sum(1, keepdim=True)     # row sums: another
+        h = (a / (b + 1)).tanh() @ w         # the mm's input: a tensor of its own
+        return h.softmax(-1), b.squeeze(1)
+
+    x, w = torch.randn(64, 48), torch.randn(48, 32)
+    for _ in range(3):  # cached runs reuse the layout; a CUDA graph replays it
+        _, program = run(f, x, w, rtol=1e-4, atol=1e-5)
+    assert program.arena_slots and program.arena_bytes > 0
+    extern_read = {b for step in program.steps if step[0] == "extern" for b in step[1][4]}
+    assert not extern_read & {i for i, *_ in program.arena_slots}
+    assert not set(program.output_ids) & {i for i, *_ in program.arena_slots}
+
+
 def test_pointwise_with_broadcasting_and_views():
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(16, 40, generator=g), torch.randn(40, generator=g)

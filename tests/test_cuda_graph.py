@@ -207,3 +207,84 @@ def test_max_autotune_replays_with_more_block_sizes(monkeypatch):
     assert program.scalar_memory and min(len(vs) for vs in program.variants) > 1
     if CUDA:
         assert metrics.counter("cuda_graph.replays") >= 1 and metrics.counter("triton.tuned_kernels") >= 1
+
+
+def _plain_loop(device, steps):
+    from models import MLP, batch, loss_fn
+
+    torch.manual_seed(0)
+    model = MLP().to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
+    losses = []
+    for i in range(steps):
+        x, y = batch("mlp", i, "cpu")
+        loss = loss_fn("mlp", model(x.to(device)), y.to(device))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        if device == "lazy":
+            lazy.mark_step()
+        losses.append(loss.detach())
+    return torch.stack([loss.cpu() for loss in losses]), {k: v.cpu() for k, v in model.state_dict().items()}
+
+
+@cuda_only
+@pytest.mark.parametrize("graphs", [True, False])
+def test_a_mark_step_loop_replays_its_cached_program_as_a_cuda_graph(graphs):
+    """Note [CUDA graphs for cached programs]: the plain loop's step program is captured at its second compiled
+    run and replayed from the third, with the bias corrections and the scheduled learning rate read at each run;
+    the losses kept from every step (outputs copied out of the graph's memory) equal eager's."""
+    want_losses, want = _plain_loop(DEVICE, 8)
+    metrics.reset()
+    with lazy.config.override(cuda_graphs=graphs):
+        got_losses, got = _plain_loop("lazy", 8)
+    torch.testing.assert_close(got_losses, want_losses, rtol=1e-4, atol=1e-5)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=k)
+    if graphs:
+        assert metrics.counter("cuda_graph.captures") >= 1 and metrics.counter("cuda_graph.replays") >= 4
+    else:
+        assert metrics.counter("cuda_graph.captures") == 0 and metrics.counter("cuda_graph.replays") == 0
+
+
+def _layers(x, w):
+    for act in (torch.tanh, torch.sigmoid, torch.relu):  # 3 matmuls and 3 kernels: a program worth a graph
+        x = act(x @ w)
+    return x
+
+
+def test_which_cached_programs_are_graphed():
+    """A graph's replay copies its inputs and outputs: worth it for many launches, not for a few large kernels."""
+    from types import SimpleNamespace
+
+    from lazy.runtime.cuda_graph import COPY_BYTES_PER_STEP, GRAPH_MIN_STEPS, graph_pays
+
+    def program(steps, out_bytes):
+        return SimpleNamespace(steps=[None] * steps, output_bytes=out_bytes)
+
+    small = [torch.empty(64, 64)]
+    assert graph_pays(program(300, 100 << 20), small)               # a training step
+    assert not graph_pays(program(GRAPH_MIN_STEPS - 1, 4096), small)  # a kernel or two: a launch is as cheap
+    big = [torch.empty(COPY_BYTES_PER_STEP // 4)]
+    assert not graph_pays(program(GRAPH_MIN_STEPS, COPY_BYTES_PER_STEP * GRAPH_MIN_STEPS), big)  # memory-bound
+
+
+@cuda_only
+def test_a_cached_program_graph_copies_inputs_that_change_and_keeps_outputs_apart():
+    """The same weight leaf at every call is copied once; a new one (an in-place update binds a new leaf) is copied
+    again; results held from earlier calls keep their values after later replays."""
+    w = torch.randn(32, 32, device="lazy")
+    lazy.mark_step()
+    xs = [torch.randn(8, 32) for _ in range(6)]
+    outs, wants = [], []
+    for i, x in enumerate(xs):
+        if i == 4:
+            w.mul_(0.5)  # recorded into this step's graph: another graph, then the same one again
+        outs.append(_layers(x.to("lazy"), w))
+        lazy.mark_step()
+        wants.append(_layers(x, w.cpu()))
+    assert metrics.counter("cuda_graph.replays") >= 1
+    for o, want in zip(outs, wants):
+        torch.testing.assert_close(o.cpu(), want, rtol=1e-4, atol=1e-5)

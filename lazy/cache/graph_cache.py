@@ -31,9 +31,10 @@ def compiler_for(backend: str) -> Callable[[Linearized, torch.device], Any]:
             from ..runtime.cpp import compile_cpp
             _COMPILERS["cpp"] = compile_cpp
         elif backend == "triton":
-            from ..runtime.triton import compile_triton
-            # Note [Tiered compilation]: under 'auto', the kernels compile in workers (runtime/triton_build.py)
-            _COMPILERS["triton"] = lambda lin, device: compile_triton(lin, device, tiered=config.compiler == "auto")
+            from ..runtime.cuda_graph import compile_graphed
+            # Note [Tiered compilation]: under 'auto', the kernels compile in workers (runtime/triton_build.py);
+            # Note [CUDA graphs for cached programs]: on cuda, replayed as a CUDA graph once cached
+            _COMPILERS["triton"] = compile_graphed
         elif backend == "reference":
             from ..runtime.reference import compile_reference
             _COMPILERS["reference"] = compile_reference

@@ -30,6 +30,8 @@ from ..ir.node import DATA
 from ..lower import Extern, lower
 from ..schedule import Kernel, format_schedule, schedule
 from . import pages
+from .arena import layout, stored_by_kernels
+from .arena import view as arena_view
 from .spares import BUDGET
 from .cpp_isa import IsaError, target, target_isa  # noqa: F401 -- benchmarks/machine.py reports target_isa
 from .externs import extern_call, run_extern
@@ -53,13 +55,12 @@ FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno",
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
 _SEGMENT, _EXTERN = "seg", "extern"
 ARENA_KEEP_BYTES = 1 << 20  # a Program keeps an arena up to this size between runs (Note [Run plan])
-_ALIGN = 64
 
 # Note [Run plan]
 # A cached graph runs every step, so a run does no planning: its steps are prebuilt tuples (entry points with
 # their ctypes signatures, extern calls with flat argument plans, which buffers to allocate and free). Buffers
 # that only kernels read or write (temporaries inside a segment or between segments) live at offsets of one
-# byte arena, laid out once by lifetime (``_arena_layout``: a temporary reuses the bytes of one that died
+# byte arena, laid out once by lifetime (runtime/arena.py: a temporary reuses the bytes of one that died
 # before it was defined), so they cost neither a torch.empty nor a tensor per run. A Program keeps its arena
 # when it is small (ARENA_KEEP_BYTES), with the kernel buffers that externs read as prebuilt views into it;
 # an extern output that aliases the arena is copied out, since later kernels overwrite those bytes. Graph
@@ -132,21 +133,15 @@ class Program:
         self.scalar_kinds = list(lowered.scalar_kinds)
         outputs = set(self.output_ids)
         extern_read = {b.id for s in sched.steps if isinstance(s, Extern) for b in s.inputs}
-        defined: Dict[int, int] = {}
-        stored: Dict[int, Any] = {}
-        for i, step in enumerate(sched.steps):
-            if isinstance(step, Kernel):
-                for b, _, _ in step.stores:
-                    defined.setdefault(b.id, i)
-                    stored[b.id] = b
+        defined, stored = stored_by_kernels(sched.steps, Kernel)
         # kernel-only temporaries live in the arena; outputs escape (fresh tensors); extern inputs need tensors,
         # which are prebuilt views of the arena when it is kept by the Program (small), else fresh tensors
         in_arena = [b for bid, b in stored.items() if bid not in outputs]
-        self.arena_bytes, offsets = _arena_layout(in_arena, defined, sched.last_use)
+        self.arena_bytes, offsets = layout(in_arena, defined, sched.last_use)
         self.keep_arena = self.arena_bytes <= ARENA_KEEP_BYTES
         if not self.keep_arena:
             in_arena = [b for b in in_arena if b.id not in extern_read]
-            self.arena_bytes, offsets = _arena_layout(in_arena, defined, sched.last_use)
+            self.arena_bytes, offsets = layout(in_arena, defined, sched.last_use)
         self._arena = torch.empty(self.arena_bytes, dtype=torch.uint8) if self.keep_arena else None
         self._busy = False
         self.arena_slots = [(b.id, offsets[b.id]) for b in in_arena if b.id not in extern_read]
@@ -160,7 +155,7 @@ class Program:
             for bid, off in self.arena_slots:
                 self._ptrs[bid] = base + off
             for bid, off, shape, dtype in self.arena_views:
-                t = _view(self._arena, off, shape, dtype)
+                t = arena_view(self._arena, off, shape, dtype)
                 self._values[bid] = t
                 self._ptrs[bid] = t.data_ptr()
         kept = {bid for bid, _ in self.arena_slots} | ({v[0] for v in self.arena_views} if self.keep_arena else set())
@@ -216,7 +211,7 @@ class Program:
             ptrs[bid] = base + off
         if self.keep_arena:
             for bid, off, shape, dtype in self.arena_views:
-                t = _view(arena, off, shape, dtype)
+                t = arena_view(arena, off, shape, dtype)
                 values[bid] = t
                 ptrs[bid] = t.data_ptr()
         return self._run(values, ptrs, arena, leaves, scalars)
@@ -275,42 +270,6 @@ class Program:
         metrics.bump_many(("executed_graphs", 1), ("executed_nodes", self.num_nodes), ("kernels_launched", launched),
                           ("spares.reused", reused))
         return outs
-
-
-def _arena_layout(bufs: List[Any], defined: Dict[int, int], last_use: Dict[int, int]) -> Tuple[int, Dict[int, int]]:
-    """Byte offsets of ``bufs`` in one arena: greedy by size, a buffer shares bytes only with buffers whose
-    lifetimes (defining step .. last use) do not overlap its own. Returns (arena size, offsets by buffer id)."""
-    placed: List[Tuple[int, int, int, int]] = []  # (offset, end, first step, last step)
-    offsets: Dict[int, int] = {}
-    size = 0
-    for b in sorted(bufs, key=lambda b: (-_nbytes(b), b.id)):
-        nbytes = -(-max(_nbytes(b), 1) // _ALIGN) * _ALIGN
-        first = defined[b.id]
-        last = max(last_use.get(b.id, first), first)
-        busy = sorted((o, e) for o, e, f, end in placed if not (end < first or last < f))
-        off = 0
-        for o, e in busy:
-            if off + nbytes <= o:
-                break
-            off = max(off, e)
-        placed.append((off, off + nbytes, first, last))
-        offsets[b.id] = off
-        size = max(size, off + nbytes)
-    return size, offsets
-
-
-def _nbytes(b: Any) -> int:
-    n = b.dtype.itemsize
-    for d in b.shape:
-        n *= d
-    return n
-
-
-def _view(arena: torch.Tensor, offset: int, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    n = 1
-    for d in shape:
-        n *= d
-    return arena[offset:offset + n * dtype.itemsize].view(dtype).view(shape)
 
 
 class _Timer:

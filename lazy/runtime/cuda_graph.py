@@ -21,19 +21,42 @@ arguments, which decides the rest:
 - **Not graphed**: programs with random ops (their generators are made per run) or collectives, and programs
   whose kernels are not compiled yet (tiered compilation); these run as the plain program. The first run after the
   kernels are ready is a plain one too (warm-up: allocator, cuBLAS workspaces), the second captures.
+
+Note [CUDA graphs for cached programs]
+A plain ``mark_step()`` loop runs the same cached program every step, and launching it from the host cost a GPT
+step 17 ms (288 kernels, 88 extern calls) for 33 ms of GPU work: added to recording, the host, not the GPU, set
+the step's time. So every Triton program on cuda that the graph cache holds is built with its scalars in device
+memory and replayed as a CUDA graph too (``compile_graphed``, ``config.cuda_graphs``), with the simplest sound
+binding: its inputs are copied into the graph's static buffers (one multi-tensor copy; an input that is the same
+tensor as at the last run, a model's weights in an inference loop, is not copied again) and its outputs are
+copied out into fresh tensors; the graph's memory is never bound to a lazy tensor, so nothing the user holds can
+see a replay overwrite it. The copies cost the GPU a read and a write of the inputs and outputs (a GPT step's
+parameters, optimizer state and gradients: ~0.2 ms of a 33 ms step) and one more copy of each in device memory;
+``LAZY_CUDA_GRAPHS=0`` launches from the host instead. The copies do not pay for a program of a few
+memory-bound kernels (a softmax of a large tensor would pay its bytes twice to save one launch), so only programs
+of at least GRAPH_MIN_STEPS steps that copy at most COPY_BYTES_PER_STEP per step are graphed (``graph_pays``). A captured step (``mode="reduce-overhead"``) binds its
+updated storages to the graph's buffers in place instead, as above, because the capture knows which inputs its
+outputs update.
 """
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
+from ..config import config
 from ..debug import metrics
 from ..debug.log import log
 from ..ir.layout import non_overlapping_and_dense
 
 MAX_RECAPTURES = 8
+# Note [CUDA graphs for cached programs]: a cached program is graphed when it has at least GRAPH_MIN_STEPS kernel
+# launches and extern calls and the bytes its replay copies are at most COPY_BYTES_PER_STEP per step: a step
+# launched from the host costs ~10 us or more, in which the GPU copies ~10 MB at 1 TB/s (a third of an H100's).
+GRAPH_MIN_STEPS = 4
+COPY_BYTES_PER_STEP = 10 << 20
 _UNGRAPHABLE = ("c10d_", "seeded[")  # externs a graph cannot replay: collectives, random ops (not "unseeded[")
 
 
@@ -51,8 +74,10 @@ def ungraphable(program: Any) -> Optional[str]:
 class GraphedProgram:
     """A Triton program (built with ``scalar_memory``) replayed as a CUDA graph; the same ``run`` interface."""
 
-    def __init__(self, program: Any, aliases: Dict[int, int], mutated: Set[int], const: Sequence[bool]) -> None:
+    def __init__(self, program: Any, aliases: Dict[int, int], mutated: Set[int], const: Sequence[bool],
+                 optional: bool = False) -> None:
         self.program = program
+        self.optional = optional      # a cached program's graph (Note [CUDA graphs for cached programs])
         self.aliases = aliases        # output index -> index of the input whose storage it updates in place
         self.mutated = mutated        # output indices bound to storages that existed before the call
         self.const = list(const)      # inputs that are the same tensor at every run (the graph reads them directly)
@@ -64,6 +89,7 @@ class GraphedProgram:
         self.outstanding: List[Tuple[Any, Any]] = []   # (storage, data leaf over static memory)
         self.static_ids: Set[int] = set()
         self.ready_runs = 0
+        self.kernels = 0
         self.recaptures = 0
         self.disabled = ungraphable(program)
 
@@ -97,7 +123,7 @@ class GraphedProgram:
 
     def run(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any]) -> List[torch.Tensor]:
         program = self.program
-        if self.disabled is not None or not program.ready():
+        if self.disabled is not None or not program.ready() or (self.optional and not config.cuda_graphs):
             return program.run(leaves, scalars)
         self.ready_runs += 1
         if self.ready_runs < 2:
@@ -122,8 +148,8 @@ class GraphedProgram:
         self._copy_inputs(leaves)
         program.load_scalars(scalars)
         self.graph.replay()
-        metrics.bump("cuda_graph.replays")
-        metrics.bump("executed_graphs")
+        metrics.bump_many(("cuda_graph.replays", 1), ("executed_graphs", 1), ("executed_nodes", self.num_nodes),
+                          ("kernels_launched", self.kernels))
         return self._outputs()
 
     def _disable(self, reason: str) -> None:
@@ -133,11 +159,20 @@ class GraphedProgram:
         log(1, f"lazy: a program of {program_size(self.program)} runs without a CUDA graph: {reason}")
 
     def _copy_inputs(self, leaves: Sequence[torch.Tensor]) -> None:
+        """Copy each input into its static buffer unless it is the buffer or the tensor copied at the last run
+        (data leaves are immutable: a lazy update binds a new one), in one multi-tensor copy. ``seen`` holds weak
+        references: it must keep no input alive, nor stop one being reused as a spare (Note [Reused outputs])."""
+        dst, src = [], []
+        seen, static = self.seen, self.static_in
         for k, t in enumerate(leaves):
-            if t is not self.seen[k]:
-                if t is not self.static_in[k]:
-                    self.static_in[k].copy_(t)
-                self.seen[k] = t
+            ref = seen[k]
+            if ref is None or ref() is not t:
+                if t is not static[k]:
+                    dst.append(static[k])
+                    src.append(t)
+                seen[k] = weakref.ref(t)
+        if dst:
+            torch._foreach_copy_(dst, src)
 
     def _outputs(self) -> List[torch.Tensor]:
         out: List[Any] = []
@@ -153,7 +188,7 @@ class GraphedProgram:
             for i, t in zip(created, fresh):
                 out[i] = t
         for k in self.aliases.values():
-            self.seen[k] = self.static_in[k]  # the storage is bound to its buffer: no copy at the next run
+            self.seen[k] = weakref.ref(self.static_in[k])  # the storage is bound to its buffer: no copy next run
         return out
 
     def _capture(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any]) -> None:
@@ -172,14 +207,15 @@ class GraphedProgram:
         side = torch.cuda.Stream(device)
         side.wait_stream(stream)
         with torch.cuda.stream(side):  # the warm-up torch.cuda.graph asks for: allocator, library workspaces
-            program.launch(self.static_in, scalars)
+            program.launch(self.static_in, scalars, count=False)
         stream.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outs = program.launch(self.static_in, scalars)
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads may record meanwhile
+            outs = program.launch(self.static_in, scalars, count=False)
             for i, k in self.aliases.items():
                 self.static_in[k].copy_(outs[i])
         self.graph, self.static_out = graph, outs
+        self.kernels = program.launched_kernels()
         self.static_ids = {id(t) for t in self.static_in} | {id(o) for o in outs}
         metrics.bump("cuda_graph.captures")
 
@@ -212,3 +248,22 @@ def _same_layout(data: torch.Tensor, out: Any) -> bool:
     """Whether a graph output (node ``out``) can be written into the input buffer of ``data`` (same shape and
     dtype; outputs are contiguous)."""
     return tuple(data.shape) == tuple(out.shape) and data.dtype == out.dtype and data.is_contiguous()
+
+
+def compile_graphed(lin: Any, device: torch.device) -> Any:
+    """The graph cache's Triton compiler: the program, wrapped for CUDA-graph replay on cuda (Note [CUDA graphs for
+    cached programs]) unless ``config.cuda_graphs`` is off or the graph fell back to the reference executor."""
+    from .triton import compile_triton
+    graphs = bool(config.cuda_graphs) and device.type == "cuda"
+    program = compile_triton(lin, device, tiered=config.compiler == "auto", scalar_memory=graphs)
+    if not graphs or getattr(program, "backend", None) != "triton" or not graph_pays(program, lin.leaves):
+        return program
+    return GraphedProgram(program, {}, set(), [False] * len(lin.leaves), optional=True)
+
+
+def graph_pays(program: Any, leaves: Sequence[torch.Tensor]) -> bool:
+    """Whether replaying ``program`` as a CUDA graph that copies its inputs and outputs saves more host time than
+    the copies cost the GPU (Note [CUDA graphs for cached programs])."""
+    steps = len(program.steps)
+    copied = program.output_bytes + sum(t.numel() * t.element_size() for t in leaves)
+    return steps >= GRAPH_MIN_STEPS and copied <= steps * COPY_BYTES_PER_STEP

@@ -16,6 +16,17 @@ the launcher directly with the tensors of its buffers and its runtime scalars, n
 buffer the caching allocator hands out is); a run whose leaves or extern results are not aligned takes Triton's
 own launch path, which compiles (once) and launches the variant they need.
 
+Note [Temporaries in one allocation]
+A GPT training step's program stores about 490 buffers, most of them temporaries that only its kernels write and
+read. As on the cpu (Note [Run plan] in runtime/cpp.py), those live at offsets of one arena laid out once by
+lifetime (runtime/arena.py), allocated per run with one ``torch.empty`` from the caching allocator and released at
+the run's end: both are stream-ordered, so the next run (or anything else on the stream) reuses the bytes only
+after this run's kernels. Graph outputs, and buffers an extern reads (an ATen call takes tensors), stay tensors of
+their own. A kernel's pointer arguments are passed as addresses (Python ints), never as tensors: the static
+launcher asks a tensor argument for ``data_ptr()`` through a Python attribute call and the driver for its device
+pointer (``cuPointerGetAttribute``), about a microsecond per argument, thousands per step. Interpreted kernels and
+Triton's own launch path take tensors, so for them the arena's temporaries are views of it.
+
 Note [Tuning on the first run]
 A kernel rendered with several block sizes (Note [Tuned block sizes] in codegen/triton_blocks.py) is timed at the
 first run of its compiled program, on that run's own buffers: each candidate launched once to warm up, then
@@ -56,6 +67,8 @@ from ..schedule import Kernel, format_schedule, schedule
 from . import triton_build as build
 from . import triton_launch as launcher
 from .cpp import _raise_kernel_error, describe
+from .arena import layout, nbytes, stored_by_kernels
+from .arena import view as arena_view
 from .externs import extern_call, run_extern
 from .reference import eager_dispatch
 from .reference import Program as ReferenceProgram
@@ -187,19 +200,28 @@ class Program:
         self._untuned.discard(n)
 
     def _plan(self, lowered: Any, sched: Any) -> None:
+        """Note [Temporaries in one allocation]: steps as tuples, kernel-only temporaries at arena offsets."""
         self.num_buffers = lowered.num_buffers
         self.leaf_ids = [b.id for b in lowered.leaves]
         self.output_ids = [b.id for b in lowered.outputs]
+        self.output_bytes = sum(nbytes(b) for b in lowered.outputs)
+        outputs = set(self.output_ids)
+        extern_read = {b.id for s in sched.steps if isinstance(s, Extern) for b in s.inputs}
+        defined, stored = stored_by_kernels(sched.steps, Kernel)
+        in_arena = [b for bid, b in stored.items() if bid not in outputs and bid not in extern_read]
+        self.arena_bytes, offsets = layout(in_arena, defined, sched.last_use)
+        self.arena_slots = tuple((b.id, offsets[b.id], b.shape, b.dtype) for b in in_arena)
+        kept = {b.id for b in in_arena}
         steps: List[tuple] = []
         n = 0
         for i, step in enumerate(sched.steps):
-            frees = tuple(sched.frees.get(i, ()))
+            frees = tuple(b for b in sched.frees.get(i, ()) if b not in kept)
             if isinstance(step, Extern):
                 steps.append((_EXTERN, extern_call(step), frees))
                 continue
             assert isinstance(step, Kernel)
             launch = self.launches[n]
-            allocs = tuple((b.id, b.shape, b.dtype) for b, _, _ in step.stores)
+            allocs = tuple((b.id, b.shape, b.dtype) for b, _, _ in step.stores if b.id not in kept)
             steps.append((_KERNEL, n, allocs, tuple(launch.buffers), tuple(launch.scalars),
                           tuple(launch.floats), frees))
             n += 1
@@ -225,6 +247,8 @@ class Program:
             regions.append(at)
         self._float_slots, self._int_slots = layouts[True], layouts[False]
         nf, ni = len(self._float_slots), len(self._int_slots)
+        if nf + ni == 0:  # only extern calls take scalars: nothing to load
+            return
         self._pack = struct.Struct(f"<{nf}d{ni}q")
         self._scal = torch.zeros(max(nf + ni, 1), dtype=torch.int64, device=self.device)
         sf, si = self._scal[:nf].view(torch.float64), self._scal[nf:]
@@ -274,15 +298,25 @@ class Program:
         self.load_scalars(scalars)
         return self.launch(leaves, scalars)
 
-    def launch(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any]) -> List[torch.Tensor]:
+    def launch(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any], count: bool = True) -> List[torch.Tensor]:
         """The kernels and externs in step order, the scalars already loaded (``load_scalars``): what a CUDA graph
-        captures."""
+        captures (``count``: whether the run counts in the metrics; a capture's do not). Note [Temporaries in one allocation]: ``ptrs`` holds every live buffer's address, ``values`` the
+        tensors that own them (arena temporaries have none, but as views where a launch needs tensors)."""
+        device = self.device
         values: List[Any] = [None] * self.num_buffers
+        ptrs: List[int] = [0] * self.num_buffers
         aligned = True
         for i, t in zip(self.leaf_ids, leaves):
             values[i] = t
-            aligned = aligned and t.data_ptr() % 16 == 0
-        device = self.device
+            p = ptrs[i] = t.data_ptr()
+            aligned = aligned and p % 16 == 0
+        arena = torch.empty(self.arena_bytes, dtype=torch.uint8, device=device) if self.arena_bytes else None
+        if arena is not None:
+            base = arena.data_ptr()
+            for i, off, _, _ in self.arena_slots:
+                ptrs[i] = base + off
+        if self.interpret or not aligned:  # the launch takes tensors (Note [Pre-bound launches])
+            self._arena_views(values, arena)
         stream = torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else
                                                     torch.cuda.current_device()) if not self.interpret else None
         launched = 0
@@ -294,20 +328,22 @@ class Program:
                     _, n, allocs, bufs, slots, floats, frees = step
                     for i, shape, dtype in allocs:
                         if values[i] is None:
-                            values[i] = torch.empty(shape, dtype=dtype, device=device)
+                            t = values[i] = torch.empty(shape, dtype=dtype, device=device)
+                            ptrs[i] = t.data_ptr()
                     launch = self.variants[n][self.choice[n]]
                     if launch.grid > 0:
-                        args = [values[i] for i in bufs]
                         if self.scalar_memory:
-                            args += self._scalar_args[n]
+                            tail = self._scalar_args[n]
                         else:
-                            args += [float(scalars[s]) if f else int(scalars[s]) for s, f in zip(slots, floats)]
+                            tail = [float(scalars[s]) if f else int(scalars[s]) for s, f in zip(slots, floats)]
                         if self.interpret:
-                            self._interpret(launch, args)
+                            self._interpret(launch, [values[i] for i in bufs] + tail)
                         elif not aligned:
-                            self._fn(launch.name)[(launch.grid,)](*args, num_warps=launch.num_warps,
-                                                                  **build.OPTIONS)
+                            self._fn(launch.name)[(launch.grid,)](*[values[i] for i in bufs], *tail,
+                                                                  num_warps=launch.num_warps, **build.OPTIONS)
                         else:
+                            args = [ptrs[i] for i in bufs]  # addresses: no data_ptr() call per argument
+                            args += tail
                             if tuning and n in self._untuned:
                                 self._tune(n, args, stream, chosen)
                             self._bound[n](args, stream)
@@ -316,18 +352,29 @@ class Program:
                     _, call, frees = step
                     for i, t in run_extern(call, values, scalars, device):
                         values[i] = t
-                        aligned = aligned and t.data_ptr() % 16 == 0
+                        p = ptrs[i] = t.data_ptr()
+                        if aligned and p % 16:
+                            aligned = False
+                            self._arena_views(values, arena)
                 for i in frees:
                     values[i] = None
         if tuning and not self._untuned:  # every kernel is timed: the choices go into the record
             build.write_record(*self._record, tuned=self.choice)
-        metrics.bump("executed_graphs")
-        metrics.bump("executed_nodes", self.num_nodes)
-        metrics.bump("kernels_launched", launched)
+        if count:
+            metrics.bump_many(("executed_graphs", 1), ("executed_nodes", self.num_nodes),
+                              ("kernels_launched", launched))
         if not aligned:
             metrics.bump("triton.unaligned_runs")  # launched through Triton's own (slower) launch path
         return [values[i] for i in self.output_ids]
 
+    def launched_kernels(self) -> int:
+        """How many kernels a run launches (kernels of an empty grid launch nothing)."""
+        return sum(1 for step in self.steps if step[0] is _KERNEL and self.variants[step[1]][self.choice[step[1]]].grid > 0)
+
+    def _arena_views(self, values: List[Any], arena: torch.Tensor) -> None:
+        """The arena's temporaries as tensors, for launches that take tensors rather than addresses."""
+        for i, off, shape, dtype in self.arena_slots:
+            values[i] = arena_view(arena, off, shape, dtype)
 
     def _interpret(self, launch: Any, args: List[Any]) -> None:
         from triton.runtime.errors import InterpreterError
