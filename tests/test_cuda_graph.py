@@ -257,18 +257,26 @@ def _layers(x, w):
 
 def test_which_cached_programs_are_graphed():
     """A graph's replay copies its inputs and outputs: worth it for many launches, not for a few large kernels."""
-    from types import SimpleNamespace
-
     from lazy.runtime.cuda_graph import COPY_BYTES_PER_STEP, GRAPH_MIN_STEPS, graph_pays
 
-    def program(steps, out_bytes):
-        return SimpleNamespace(steps=[None] * steps, output_bytes=out_bytes)
+    assert graph_pays(300, 300 << 20)                       # a training step: 300 launches, 300 MB copied
+    assert not graph_pays(GRAPH_MIN_STEPS - 1, 4096)        # a kernel or two: a launch is as cheap
+    assert not graph_pays(GRAPH_MIN_STEPS, COPY_BYTES_PER_STEP * GRAPH_MIN_STEPS + 1)  # memory-bound kernels
 
-    small = [torch.empty(64, 64)]
-    assert graph_pays(program(300, 100 << 20), small)               # a training step
-    assert not graph_pays(program(GRAPH_MIN_STEPS - 1, 4096), small)  # a kernel or two: a launch is as cheap
-    big = [torch.empty(COPY_BYTES_PER_STEP // 4)]
-    assert not graph_pays(program(GRAPH_MIN_STEPS, COPY_BYTES_PER_STEP * GRAPH_MIN_STEPS), big)  # memory-bound
+
+@cuda_only
+def test_a_program_not_worth_a_graph_keeps_its_scalars_as_arguments():
+    """A single kernel of many runtime scalars is not graphed, and so does not load its scalars from memory."""
+    from lazy.cache import graph_cache
+
+    x = torch.randn(64, 64, device="lazy")
+    for _ in range(3):
+        y = x
+        for i in range(20):
+            y = (y * (1.0 + i / 100)).sin()
+        lazy.mark_step()
+    program = graph_cache.latest()
+    assert not getattr(program, "scalar_memory", True) and metrics.counter("cuda_graph.captures") == 0
 
 
 @cuda_only

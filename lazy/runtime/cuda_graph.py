@@ -254,16 +254,20 @@ def compile_graphed(lin: Any, device: torch.device) -> Any:
     """The graph cache's Triton compiler: the program, wrapped for CUDA-graph replay on cuda (Note [CUDA graphs for
     cached programs]) unless ``config.cuda_graphs`` is off or the graph fell back to the reference executor."""
     from .triton import compile_triton
-    graphs = bool(config.cuda_graphs) and device.type == "cuda"
-    program = compile_triton(lin, device, tiered=config.compiler == "auto", scalar_memory=graphs)
-    if not graphs or getattr(program, "backend", None) != "triton" or not graph_pays(program, lin.leaves):
+    if not config.cuda_graphs or device.type != "cuda":
+        return compile_triton(lin, device, tiered=config.compiler == "auto")
+    # decided once the graph is scheduled: only a program that will be graphed reads its scalars from memory (a
+    # kernel of many scalars, a 200-op chain, runs ~3x slower loading them)
+    input_bytes = sum(t.numel() * t.element_size() for t in lin.leaves)
+    program = compile_triton(lin, device, tiered=config.compiler == "auto",
+                             scalar_memory=lambda steps, output_bytes: graph_pays(steps, output_bytes + input_bytes))
+    if not getattr(program, "scalar_memory", False):  # not worth a graph, or fell back to the reference executor
         return program
     return GraphedProgram(program, {}, set(), [False] * len(lin.leaves), optional=True)
 
 
-def graph_pays(program: Any, leaves: Sequence[torch.Tensor]) -> bool:
-    """Whether replaying ``program`` as a CUDA graph that copies its inputs and outputs saves more host time than
-    the copies cost the GPU (Note [CUDA graphs for cached programs])."""
-    steps = len(program.steps)
-    copied = program.output_bytes + sum(t.numel() * t.element_size() for t in leaves)
-    return steps >= GRAPH_MIN_STEPS and copied <= steps * COPY_BYTES_PER_STEP
+def graph_pays(steps: int, copied_bytes: int) -> bool:
+    """Whether replaying a program of ``steps`` kernel launches and extern calls as a CUDA graph that copies
+    ``copied_bytes`` in and out saves more host time than the copies cost the GPU (Note [CUDA graphs for cached
+    programs])."""
+    return steps >= GRAPH_MIN_STEPS and copied_bytes <= steps * COPY_BYTES_PER_STEP

@@ -83,9 +83,10 @@ class Program:
     backend = "triton"
 
     def __init__(self, lin: Linearized, device: torch.device, tiered: bool = False,
-                 scalar_memory: bool = False, autotune: Optional[str] = None) -> None:
+                 scalar_memory: Any = False, autotune: Optional[str] = None) -> None:
+        """``scalar_memory``: True, False, or a function of (steps, output bytes) deciding it once the graph is
+        scheduled (Note [CUDA graphs for cached programs] in runtime/cuda_graph.py)."""
         self.device = device
-        self.scalar_memory = scalar_memory
         self.interpret = device.type != "cuda"
         tune = config.autotune if autotune is None else autotune
         if self.interpret and device.type != "cpu":
@@ -93,6 +94,9 @@ class Program:
         lowered = lower(lin, device)                           # ATen graph -> kernel IR + externs
         sched = schedule(lowered, renderer.LIMITS)             # fusion, order, buffer lifetimes
         sched = split_reductions(sched)                        # few long rows: two kernels
+        if callable(scalar_memory):
+            scalar_memory = scalar_memory(len(sched.steps), sum(nbytes(b) for b in lowered.outputs))
+        self.scalar_memory = scalar_memory = bool(scalar_memory)
         self.kernel_ir = format_schedule(sched)
         source, variants = renderer.render(sched, scalar_memory, tune)  # kernel IR -> Triton
         self.source = source
@@ -204,7 +208,6 @@ class Program:
         self.num_buffers = lowered.num_buffers
         self.leaf_ids = [b.id for b in lowered.leaves]
         self.output_ids = [b.id for b in lowered.outputs]
-        self.output_bytes = sum(nbytes(b) for b in lowered.outputs)
         outputs = set(self.output_ids)
         extern_read = {b.id for s in sched.steps if isinstance(s, Extern) for b in s.inputs}
         defined, stored = stored_by_kernels(sched.steps, Kernel)
@@ -386,7 +389,7 @@ class Program:
             raise
 
 
-def compile_triton(lin: Linearized, device: torch.device, tiered: bool = False, scalar_memory: bool = False,
+def compile_triton(lin: Linearized, device: torch.device, tiered: bool = False, scalar_memory: Any = False,
                    autotune: Optional[str] = None) -> Any:
     """The triton backend's compiler for graph_cache; falls back to the reference executor on any failure."""
     start = time.perf_counter()
