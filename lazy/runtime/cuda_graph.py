@@ -90,6 +90,11 @@ class GraphedProgram:
         self.static_ids: Set[int] = set()
         self.ready_runs = 0
         self.kernels = 0
+        self.static_outputs = set(aliases) | set(mutated)  # outputs a replay may return as static memory
+        self.out_template: List[Any] = []
+        self.created: List[int] = []
+        self.created_static: List[torch.Tensor] = []
+        self.alias_inputs: List[int] = []
         self.recaptures = 0
         self.disabled = ungraphable(program)
 
@@ -101,9 +106,9 @@ class GraphedProgram:
     def bound(self, tensors: tuple, outs: List[torch.Tensor], indices: tuple) -> None:
         """Remember the data leaves just bound to the storages of ``tensors`` (``outs[indices[j]]``, as
         ``_C.replay_writes`` binds them) that hold static memory."""
-        static = self.static_ids
+        static, candidates = self.static_ids, self.static_outputs
         for t, i in zip(tensors, indices):
-            if id(outs[i]) in static:
+            if i in candidates and id(outs[i]) in static:
                 st = t._lz_st
                 self.outstanding.append((st, st.value))
 
@@ -165,30 +170,30 @@ class GraphedProgram:
         dst, src = [], []
         seen, static = self.seen, self.static_in
         for k, t in enumerate(leaves):
+            s = static[k]
+            if t is s:
+                continue
             ref = seen[k]
             if ref is None or ref() is not t:
-                if t is not static[k]:
-                    dst.append(static[k])
-                    src.append(t)
+                dst.append(s)
+                src.append(t)
                 seen[k] = weakref.ref(t)
         if dst:
             torch._foreach_copy_(dst, src)
 
     def _outputs(self) -> List[torch.Tensor]:
-        out: List[Any] = []
-        created = []
-        for i, o in enumerate(self.static_out):
-            k = self.aliases.get(i)
-            out.append(self.static_in[k] if k is not None else o if i in self.mutated else None)
-            if out[-1] is None:
-                created.append(i)
+        """The run's outputs: the static buffers a storage is bound to, fresh copies of the others."""
+        out = list(self.out_template)
+        created = self.created
         if created:  # copied out of the graph's memory in one multi-tensor launch (a step's new .grad tensors)
-            fresh = [torch.empty_like(self.static_out[i]) for i in created]
-            torch._foreach_copy_(fresh, [self.static_out[i] for i in created])
+            static = self.created_static
+            fresh = [torch.empty_like(o) for o in static]
+            torch._foreach_copy_(fresh, static)
             for i, t in zip(created, fresh):
                 out[i] = t
-        for k in self.aliases.values():
-            self.seen[k] = weakref.ref(self.static_in[k])  # the storage is bound to its buffer: no copy next run
+        seen = self.seen
+        for k in self.alias_inputs:
+            seen[k] = None  # overwritten by the graph: a tensor copied there before is no longer what it holds
         return out
 
     def _capture(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any]) -> None:
@@ -216,6 +221,13 @@ class GraphedProgram:
                 self.static_in[k].copy_(outs[i])
         self.graph, self.static_out = graph, outs
         self.kernels = program.launched_kernels()
+        # what _outputs returns, fixed by the plan: an updated storage's input buffer, a mutated storage's output
+        # buffer, else (None) a fresh copy
+        self.out_template = [self.static_in[self.aliases[i]] if i in self.aliases else o if i in self.mutated else
+                             None for i, o in enumerate(outs)]
+        self.created = [i for i, o in enumerate(self.out_template) if o is None]
+        self.created_static = [outs[i] for i in self.created]
+        self.alias_inputs = list(self.aliases.values())
         self.static_ids = {id(t) for t in self.static_in} | {id(o) for o in outs}
         metrics.bump("cuda_graph.captures")
 
