@@ -4,6 +4,7 @@
     python benchmarks/train_step.py --quick          # fewer steps
     python benchmarks/train_step.py --models mlp,gpt --backends eager,lazy --size 64 --steps 100
     python benchmarks/train_step.py --device cuda     # eager CUDA, torch.compile on CUDA, lazy backed by CUDA
+    python benchmarks/train_step.py --isa native,avx2 # once per instruction set (benchmarks/common.py)
 
 Models, batches and losses are those of tests/models.py (MLP, CNN with BatchNorm/GroupNorm, Transformer encoder
 layer, tiny GPT); the batch is moved to the device inside the step. Every backend runs the same steps from the same
@@ -44,6 +45,7 @@ import traceback
 import torch
 
 import machine
+from common import add_isa_argument, isa_line, rerun_per_isa, restrict_inductor
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
@@ -318,6 +320,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda: eager's device and lazy's backing device")
     parser.add_argument("--worker", choices=["ltc"], help=argparse.SUPPRESS)
+    add_isa_argument(parser)
     args = parser.parse_args()
     args.models = args.models.split(",")
     args.backends = args.backends.split(",")
@@ -334,8 +337,13 @@ def main() -> None:
     if args.worker == "ltc":
         run_ltc_worker(args)
         return
+    if rerun_per_isa(args.isa, sys.argv):  # one process per instruction set (benchmarks/common.py)
+        return
+    restrict_inductor()
 
     print(machine.describe())
+    if args.device == "cpu":
+        print(isa_line())
     load = os.getloadavg()[0]
     print(f"load average {load:.2f} (1 min) on {os.cpu_count()} CPUs")
     if load > 0.5 * (os.cpu_count() or 1):
