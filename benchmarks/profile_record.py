@@ -41,6 +41,7 @@ def profile() -> None:
     from lazy import sync
     from lazy.cache import graph_cache
     from lazy.debug.log import user_frame
+    from lazy.device.tensor import pending_storages
     from lazy.ir.graph import linearize
 
     x0 = torch.randn(16, 16).to("lazy")
@@ -73,7 +74,7 @@ def profile() -> None:
     eager = []
     for _ in range(40):
         y = chain(x, STEP_OPS)
-        pending = [st for st in sync.live_storages() if not st.value.is_data]
+        pending = pending_storages()
         t0 = time.perf_counter()
         user_frame()
         t1 = time.perf_counter()
