@@ -25,22 +25,25 @@ arguments, which decides the rest:
 Note [CUDA graphs for cached programs]
 A plain ``mark_step()`` loop runs the same cached program every step, and launching it from the host cost a GPT
 step 17 ms (288 kernels, 88 extern calls) for 33 ms of GPU work: added to recording, the host, not the GPU, set
-the step's time. So every Triton program on cuda that the graph cache holds is built with its scalars in device
-memory and replayed as a CUDA graph too (``compile_graphed``, ``config.cuda_graphs``), with the simplest sound
-binding: its inputs are copied into the graph's static buffers (one multi-tensor copy; an input that is the same
-tensor as at the last run, a model's weights in an inference loop, is not copied again) and its outputs are
-copied out into fresh tensors; the graph's memory is never bound to a lazy tensor, so nothing the user holds can
-see a replay overwrite it. The copies cost the GPU a read and a write of the inputs and outputs (a GPT step's
-parameters, optimizer state and gradients: ~0.2 ms of a 33 ms step) and one more copy of each in device memory;
-``LAZY_CUDA_GRAPHS=0`` launches from the host instead. The copies do not pay for a program of a few
-memory-bound kernels (a softmax of a large tensor would pay its bytes twice to save one launch), so only programs
-of at least GRAPH_MIN_STEPS steps that copy at most COPY_BYTES_PER_STEP per step are graphed (``graph_pays``). A captured step (``mode="reduce-overhead"``) binds its
-updated storages to the graph's buffers in place instead, as above, because the capture knows which inputs its
-outputs update.
+the step's time. So a Triton program on cuda that the graph cache holds is replayed as a CUDA graph too
+(``compile_graphed``, ``config.cuda_graphs``), with the simplest sound binding: its inputs are copied into the
+graph's static buffers (one multi-tensor copy; an input that is the same tensor as at the last run, a model's
+weights in an inference loop, is not copied again) and its outputs are copied out into fresh tensors; the graph's
+memory is never bound to a lazy tensor, so nothing the user holds can see a replay overwrite it. The copies cost
+the GPU a read and a write of the inputs and outputs (a GPT step's parameters, optimizer state and gradients: ~0.2
+ms of a 33 ms step) and one more copy of each in device memory; ``LAZY_CUDA_GRAPHS=0`` launches from the host
+instead. They do not pay for a program of a few memory-bound kernels (a softmax of a large tensor would pay its
+bytes twice to save one launch), so only a program of at least GRAPH_MIN_STEPS steps that copies at most
+COPY_BYTES_PER_STEP per step is graphed (``graph_pays``), decided once the graph is scheduled: only such a program
+reads its scalars from device memory (a kernel of many scalars runs slower loading them: the 200-op chain's 120,
+3x). Runs of one program, graphed or not, take turns (a lock): they share its static buffers and scalars.
+A captured step (``mode="reduce-overhead"``) binds its updated storages to the graph's buffers in place instead,
+as above, because the capture knows which inputs its outputs update.
 """
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -97,6 +100,7 @@ class GraphedProgram:
         self.alias_inputs: List[int] = []
         self.recaptures = 0
         self.disabled = ungraphable(program)
+        self.lock = threading.Lock()  # one run at a time (Note [CUDA graphs for cached programs])
 
     def __getattr__(self, name: str) -> Any:  # the program's description (num_kernels, source, ...)
         return getattr(self.__dict__["program"], name)
@@ -127,6 +131,11 @@ class GraphedProgram:
     # ---- running ----
 
     def run(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any]) -> List[torch.Tensor]:
+        # one run at a time, graphed or not: runs share the static buffers and the device memory of the scalars
+        with self.lock:
+            return self._run(leaves, scalars)
+
+    def _run(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any]) -> List[torch.Tensor]:
         program = self.program
         if self.disabled is not None or not program.ready() or (self.optional and not config.cuda_graphs):
             return program.run(leaves, scalars)
