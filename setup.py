@@ -22,7 +22,7 @@ def _torch_flags() -> dict:
         # pybind11's own headers first: torch's include directory holds an older pybind11 of its own
         include_dirs=[pybind11.get_include(), include_paths()[0]],
         library_dirs=library_paths()[:1],
-        libraries=["c10"],
+        libraries=["c10", "torch_cpu"],  # torch_cpu: the dispatcher, for programs run in C (csrc/runner.cpp)
         define_macros=[("_GLIBCXX_USE_CXX11_ABI", str(int(torch._C._GLIBCXX_USE_CXX11_ABI)))],
     )
 
@@ -30,9 +30,10 @@ def _torch_flags() -> dict:
 ext = Pybind11Extension(
     "lazy._C",
     sources=["csrc/module.cpp", "csrc/ir.cpp", "csrc/record.cpp", "csrc/graph.cpp", "csrc/alias.cpp",
-             "csrc/capture_hook.cpp", "csrc/capture_guards.cpp", "csrc/replay_io.cpp", "csrc/outputs.cpp"],
+             "csrc/capture_hook.cpp", "csrc/capture_guards.cpp", "csrc/replay_io.cpp", "csrc/outputs.cpp",
+             "csrc/runner.cpp"],
     depends=["csrc/ir.h", "csrc/record.h", "csrc/graph.h", "csrc/alias.h", "csrc/capture_hook.h",
-             "csrc/capture_guards.h", "csrc/replay_io.h", "csrc/outputs.h"],
+             "csrc/capture_guards.h", "csrc/replay_io.h", "csrc/outputs.h", "csrc/runner.h"],
     cxx_std=20,  # torch 2.13's headers need C++20 (bit-field initializers)
     extra_compile_args=["-O2"],
     **_torch_flags(),

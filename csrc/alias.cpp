@@ -41,6 +41,8 @@ c10::TensorImpl* impl_of(PyObject* tensor) {
 
 }  // namespace
 
+c10::TensorImpl* tensor_impl(PyObject* tensor) { return impl_of(tensor); }
+
 PyObject* probe_layout(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   g_direct = false;
   bool direct = nargs > 0;

@@ -4,7 +4,15 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+namespace c10 {
+struct TensorImpl;
+}  // namespace c10
+
 namespace lazy {
+
+// The TensorImpl behind a torch.Tensor (its ``_cdata``, read from the object where probe_layout() allows), or NULL
+// with a Python error set.
+c10::TensorImpl* tensor_impl(PyObject* tensor);
 
 // Make the TensorImpl of ``view`` (a LazyTensor just created) use the StorageImpl of ``base``'s. Returns 0, or -1
 // with a Python error set.

@@ -12,6 +12,7 @@
 #include "outputs.h"
 #include "record.h"
 #include "replay_io.h"
+#include "runner.h"
 
 namespace py = pybind11;
 
@@ -56,6 +57,11 @@ PyMethodDef methods[] = {
      "new_tensor(desc, value, numel): a new lazy tensor owning a new storage of value (lazy/device/tensor.py)."},
     {"pack_scalars", FASTCALL(lazy::pack_scalars), METH_FASTCALL,
      "pack_scalars(scalars, doubles, int64s): a graph's runtime scalars as its kernels read them."},
+    {"make_runner", FASTCALL(lazy::make_runner), METH_FASTCALL,
+     "make_runner(steps, num_buffers, include_raw, exclude_raw) -> capsule: a program's plan for run_program."},
+    {"run_program", FASTCALL(lazy::run_program), METH_FASTCALL,
+     "run_program(runner, pointers, doubles, int64s, values, lo, hi, wanted) -> (error bits, [(id, tensor)]): a "
+     "program's segments and extern calls without the GIL (csrc/runner.cpp)."},
     {"call_segment", FASTCALL(lazy::call_segment), METH_FASTCALL,
      "call_segment(function, pointers, doubles, int64s) -> int: a program segment called on addresses (csrc/graph.cpp)."},
     {"share_storage", FASTCALL(lazy::share_storage_py), METH_FASTCALL,

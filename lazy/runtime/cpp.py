@@ -29,7 +29,7 @@ from ..ir.graph import Linearized, format_graph
 from ..ir.node import DATA
 from ..lower import Extern, lower
 from ..schedule import Kernel, format_schedule, schedule
-from . import pages
+from . import cpp_native, pages
 from .arena import layout, stored_by_kernels
 from .arena import view as arena_view
 from .spares import BUDGET
@@ -162,10 +162,12 @@ class Program:
         self._transient = [i for i in range(self.num_buffers) if i not in kept]
         seg_of = {id(seg[0]): i for i, seg in enumerate(segments)}
         steps: List[list] = []
+        ext_ops: List[Any] = []
         for i, step in enumerate(sched.steps):
             frees = [b for b in sched.frees.get(i, ()) if b not in kept]
             if isinstance(step, Extern):
                 steps.append([_EXTERN, step.name, extern_call(step), tuple(frees)])
+                ext_ops.append(step.fn)
                 continue
             if id(step) in seg_of:
                 n = seg_of[id(step)]
@@ -181,9 +183,38 @@ class Program:
             if s[0] is _SEGMENT:
                 s[3] = tuple(s[3])  # allocs: a tuple, as _C.take_buffers takes them
         self.steps = [tuple(s) for s in steps]
+        self._native = self._native_runner(ext_ops)
         self.spare_bytes = sum(math.prod(shape) * dtype.itemsize for s in self.steps if s[0] is _SEGMENT
                                for _, shape, dtype in s[3])
         self._spares = None  # Note [Reused outputs] (runtime/spares.py)
+
+    def _native_runner(self, ext_ops: List[Any]) -> Any:
+        """The C runner of this program (Note [Programs run in C] in csrc/runner.cpp), or None where some extern
+        step is not an aten operator with flat arguments (then the run loop below runs it)."""
+        if not cpp_native.NATIVE:
+            return None
+        outputs = set(self.output_ids)
+        upfront = sum(math.prod(shape) * dtype.itemsize for s in self.steps if s[0] is _SEGMENT
+                      for i, shape, dtype in s[3] if i not in outputs)
+        if upfront > cpp_native.UPFRONT_BYTES:  # the C run takes every segment's outputs first: memory it holds longer
+            log(3, f"cpp program runs from Python: {upfront} bytes of temporaries would be taken before the run")
+            return None
+        plan: List[tuple] = []
+        ops = iter(ext_ops)
+        wanted = set()
+        try:
+            for step in self.steps:
+                if step[0] is _SEGMENT:
+                    plan.append(("seg", step[7], step[4]))
+                else:
+                    plan.append(cpp_native.extern_step(next(ops), step[2], self.scalar_kinds, step[3]))
+                    wanted.update(i for i in step[2][7] if i is not None)
+            runner = cpp_native.make_runner(plan, self.num_buffers)
+        except cpp_native.Unsupported as e:
+            log(3, f"cpp program runs from Python: {e}")
+            return None
+        self._wanted = tuple(i for i in self.output_ids if i in wanted)  # graph outputs that externs make
+        return runner
 
     def _entry(self, name: str) -> Any:
         fn = getattr(self.lib, name)
@@ -216,6 +247,24 @@ class Program:
                 ptrs[bid] = t.data_ptr()
         return self._run(values, ptrs, arena, leaves, scalars)
 
+    def _run_native(self, values: List[Any], address: int, fs_at: int, is_at: int, spares: Any, lo: int,
+                    hi: int) -> List[torch.Tensor]:
+        """The run in C (Note [Programs run in C]): every segment's outputs taken first (their shapes are fixed),
+        then one call without the GIL."""
+        reused = 0
+        for step in self.steps:
+            if step[0] is _SEGMENT and step[3]:
+                reused += _C.take_buffers(step[3], spares, values, address, pages.empty)
+        pairs = [(i, t) for i, t in enumerate(values) if t is not None]
+        err, made = _C.run_program(self._native, address, fs_at, is_at, pairs, lo, hi, self._wanted)
+        if err:
+            _raise_kernel_error(err)
+        for i, t in made:
+            values[i] = t
+        metrics.bump_many(("executed_graphs", 1), ("executed_nodes", self.num_nodes),
+                          ("kernels_launched", self.num_kernels), ("spares.reused", reused), ("cpp.native_runs", 1))
+        return [values[i] for i in self.output_ids]
+
     def _run(self, values: List[Any], ptrs: Any, arena: torch.Tensor, leaves: Sequence[torch.Tensor],
              scalars: Sequence[Any]) -> List[torch.Tensor]:
         for i, t in zip(self.leaf_ids, leaves):
@@ -237,6 +286,9 @@ class Program:
         launched = reused = 0
         spares = BUDGET.admit(self)
         address = ctypes.addressof(ptrs)
+        if self._native is not None and timer is None:
+            return self._run_native(values, address, fs_at, is_at, spares, lo if check_alias else 0,
+                                    hi if check_alias else 0)
         with eager_dispatch():
             for step in self.steps:
                 if step[0] is _SEGMENT:

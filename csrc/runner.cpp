@@ -1,0 +1,412 @@
+// Note [Programs run in C]
+// A compiled cpu program alternates kernel segments (C entry points) with extern ATen calls (matmul, convolution,
+// ...). Run from Python, every extern is a return to the interpreter, and on the asynchronous worker
+// (lazy/sync/launch.py) every return waits for the GIL, which the recording thread holds: measured on 2 cores,
+// ~20 us per handover against 0.2 us when nothing records meanwhile, tens per training step, each also stalling the
+// recorder. So a program whose externs are all ATen operators with flat arguments runs here in one call with the
+// GIL released: segments through their addresses, externs through the dispatcher (boxed, their arguments built
+// from the plan lazy/runtime/cpp_native.py made at compile time: buffers, optionally as strided views, runtime
+// scalars, constants, schema defaults), under the dispatch key sets of plain eager code (Note [Executing inside
+// __torch_dispatch__]). Results are laid out as the Python runner lays them out (runtime/externs.py settle), and
+// one that aliases the program's arena is copied out, as there. Python objects are touched only before and after:
+// the buffers set before the run come in as (id, tensor) pairs, the extern results the caller keeps go back as
+// tensors (torch._C._wrap_tensor_impl); nothing here needs torch's Python headers.
+#include "runner.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "alias.h"
+
+namespace lazy {
+
+namespace {
+
+enum class Kind { Tensor, Scalar, Const, TensorList };
+
+struct Operand {  // a buffer, read whole or as a strided view of it
+  int64_t bid = -1;
+  bool view = false;
+  std::vector<int64_t> shape, strides;
+  int64_t offset = 0;
+};
+
+struct Arg {
+  Kind kind = Kind::Const;
+  int64_t bid = -1;  // Tensor: the buffer
+  bool view = false;
+  std::vector<int64_t> shape, strides;
+  int64_t offset = 0;
+  int64_t slot = -1;  // Scalar: the runtime scalar, read as double ('f'), int64 ('i') or bool ('b')
+  char as = 'f';
+  c10::IValue value;  // Const (or a schema default)
+  std::vector<std::optional<Operand>> list;  // TensorList: its elements (nullopt: None)
+  bool optional_elements = false;             // List[Optional[Tensor]] rather than List[Tensor]
+};
+
+struct Out {
+  int64_t bid = -1;  // -1: a result the program drops
+  bool strided = false;
+  std::vector<int64_t> strides;
+};
+
+struct Step {
+  void* segment = nullptr;  // a kernel segment, else an extern
+  std::optional<c10::OperatorHandle> op;
+  std::vector<Arg> args;
+  std::vector<Out> outs;
+  std::vector<int64_t> frees;
+};
+
+struct Runner {
+  std::vector<Step> steps;
+  int64_t num_buffers = 0;
+  c10::DispatchKeySet include, exclude;
+};
+
+const char* const kCapsule = "lazy.runner";
+
+void destroy(PyObject* capsule) { delete static_cast<Runner*>(PyCapsule_GetPointer(capsule, kCapsule)); }
+
+std::vector<int64_t> ints_of(PyObject* seq) {
+  std::vector<int64_t> out;
+  PyObject* fast = PySequence_Fast(seq, "lazy: expected a sequence of ints");
+  if (fast == nullptr) throw std::runtime_error("lazy runner: expected a sequence of ints");
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i) {
+    out.push_back(PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i)));
+  }
+  Py_DECREF(fast);
+  if (PyErr_Occurred()) throw std::runtime_error("lazy runner: expected ints");
+  return out;
+}
+
+// A constant argument, tagged by the plan: ("n",) None, ("b", v), ("i", v), ("f", v), ("s", str), ("il", ints),
+// ("fl", floats), ("bl", bools).
+c10::IValue constant(PyObject* spec) {
+  const char* tag = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 0));
+  std::string t = tag == nullptr ? "" : tag;
+  PyObject* v = PyTuple_Size(spec) > 1 ? PyTuple_GET_ITEM(spec, 1) : nullptr;
+  if (t == "n") return c10::IValue();
+  if (t == "b") return c10::IValue(static_cast<bool>(PyObject_IsTrue(v)));
+  if (t == "i") return c10::IValue(static_cast<int64_t>(PyLong_AsLongLong(v)));
+  if (t == "f") return c10::IValue(PyFloat_AsDouble(v));
+  if (t == "s") return c10::IValue(std::string(PyUnicode_AsUTF8(v)));
+  if (t == "il") return c10::IValue(ints_of(v));
+  if (t == "fl" || t == "bl") {
+    PyObject* fast = PySequence_Fast(v, "lazy: expected a sequence");
+    if (fast == nullptr) throw std::runtime_error("lazy runner: bad constant list");
+    std::vector<double> ds;
+    std::vector<bool> bs;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i) {
+      PyObject* x = PySequence_Fast_GET_ITEM(fast, i);
+      if (t == "fl") ds.push_back(PyFloat_AsDouble(x));
+      else bs.push_back(PyObject_IsTrue(x));
+    }
+    Py_DECREF(fast);
+    if (t == "fl") return c10::IValue(ds);
+    c10::List<bool> list;
+    for (bool b : bs) list.push_back(b);
+    return c10::IValue(list);
+  }
+  throw std::runtime_error("lazy runner: unknown constant tag " + t);
+}
+
+// One step of the plan: ("seg", address, frees) or ("ext", name, overload, args, outs, frees); an argument is
+// ("t", buffer, view or None) with view = (shape, strides, offset), ("s", slot, 'f'|'i'|'b'), ("c", tagged
+// constant) or ("d",) (the schema's default); an output is (buffer or -1, strides or None).
+Step parse_step(PyObject* spec) {
+  Step step;
+  const char* kind = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 0));
+  if (kind != nullptr && std::string(kind) == "seg") {
+    step.segment = PyLong_AsVoidPtr(PyTuple_GET_ITEM(spec, 1));
+    step.frees = ints_of(PyTuple_GET_ITEM(spec, 2));
+    return step;
+  }
+  const char* name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 1));
+  const char* overload = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 2));
+  if (name == nullptr || overload == nullptr) throw std::runtime_error("lazy runner: bad operator name");
+  step.op = c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+  const auto& schema = step.op->schema();
+  PyObject* args = PyTuple_GET_ITEM(spec, 3);
+  if (static_cast<size_t>(PyTuple_Size(args)) != schema.arguments().size()) {
+    throw std::runtime_error(std::string("lazy runner: argument count of ") + name);
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_Size(args); ++i) {
+    PyObject* a = PyTuple_GET_ITEM(args, i);
+    std::string tag = PyUnicode_AsUTF8(PyTuple_GET_ITEM(a, 0));
+    Arg arg;
+    if (tag == "t") {
+      arg.kind = Kind::Tensor;
+      arg.bid = PyLong_AsLongLong(PyTuple_GET_ITEM(a, 1));
+      PyObject* view = PyTuple_GET_ITEM(a, 2);
+      if (view != Py_None) {
+        arg.view = true;
+        arg.shape = ints_of(PyTuple_GET_ITEM(view, 0));
+        arg.strides = ints_of(PyTuple_GET_ITEM(view, 1));
+        arg.offset = PyLong_AsLongLong(PyTuple_GET_ITEM(view, 2));
+      }
+    } else if (tag == "tl") {
+      arg.kind = Kind::TensorList;
+      PyObject* items = PyTuple_GET_ITEM(a, 1);
+      for (Py_ssize_t j = 0; j < PyTuple_Size(items); ++j) {
+        PyObject* item = PyTuple_GET_ITEM(items, j);
+        if (item == Py_None) {
+          arg.list.emplace_back(std::nullopt);
+          continue;
+        }
+        Operand o;
+        o.bid = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 0));
+        PyObject* view = PyTuple_GET_ITEM(item, 1);
+        if (view != Py_None) {
+          o.view = true;
+          o.shape = ints_of(PyTuple_GET_ITEM(view, 0));
+          o.strides = ints_of(PyTuple_GET_ITEM(view, 1));
+          o.offset = PyLong_AsLongLong(PyTuple_GET_ITEM(view, 2));
+        }
+        arg.list.emplace_back(std::move(o));
+      }
+      arg.optional_elements = PyObject_IsTrue(PyTuple_GET_ITEM(a, 2));
+    } else if (tag == "s") {
+      arg.kind = Kind::Scalar;
+      arg.slot = PyLong_AsLongLong(PyTuple_GET_ITEM(a, 1));
+      arg.as = PyUnicode_AsUTF8(PyTuple_GET_ITEM(a, 2))[0];
+    } else if (tag == "c") {
+      arg.value = constant(PyTuple_GET_ITEM(a, 1));
+    } else {
+      const auto& d = schema.arguments()[i].default_value();
+      if (!d.has_value()) throw std::runtime_error(std::string("lazy runner: no default for an argument of ") + name);
+      arg.value = *d;
+    }
+    step.args.push_back(std::move(arg));
+  }
+  PyObject* outs = PyTuple_GET_ITEM(spec, 4);
+  for (Py_ssize_t i = 0; i < PyTuple_Size(outs); ++i) {
+    PyObject* o = PyTuple_GET_ITEM(outs, i);
+    Out out;
+    out.bid = PyLong_AsLongLong(PyTuple_GET_ITEM(o, 0));
+    if (PyTuple_GET_ITEM(o, 1) != Py_None) {
+      out.strided = true;
+      out.strides = ints_of(PyTuple_GET_ITEM(o, 1));
+    }
+    step.outs.push_back(std::move(out));
+  }
+  step.frees = ints_of(PyTuple_GET_ITEM(spec, 5));
+  if (PyErr_Occurred()) throw std::runtime_error("lazy runner: a malformed step");
+  return step;
+}
+
+// runtime/externs.py settle: contiguous, or the planned strides.
+at::Tensor settle(const at::Tensor& t, const Out& out) {
+  if (!out.strided) return t.is_contiguous() ? t : t.contiguous();
+  if (t.strides().equals(out.strides)) return t;
+  at::Tensor placed = t.new_empty_strided(t.sizes(), out.strides);
+  placed.copy_(t);
+  return placed;
+}
+
+struct Failure {
+  PyObject* type = nullptr;
+  std::string message;
+  const char* torch_type = nullptr;  // a torch._C exception class, looked up once the GIL is back
+};
+
+// Runs the steps; returns the error bits of the first segment that reported any (0: none). Throws on ATen errors.
+int execute(const Runner& r, std::vector<at::Tensor>& vals, void** ptrs, const double* fs, const int64_t* is,
+            uintptr_t lo, uintptr_t hi) {
+  c10::impl::ForceDispatchKeyGuard keys(r.include, r.exclude);
+  using Segment = int (*)(void**, const double*, const int64_t*);
+  std::vector<c10::IValue> stack;
+  for (const Step& step : r.steps) {
+    if (step.segment != nullptr) {
+      int err = reinterpret_cast<Segment>(step.segment)(ptrs, fs, is);
+      if (err) return err;
+    } else {
+      stack.clear();
+      for (const Arg& a : step.args) {
+        switch (a.kind) {
+          case Kind::Tensor: {
+            const at::Tensor& t = vals[a.bid];
+            stack.emplace_back(a.view ? t.as_strided(a.shape, a.strides, t.storage_offset() + a.offset) : t);
+            break;
+          }
+          case Kind::Scalar:
+            if (a.as == 'f') stack.emplace_back(fs[a.slot]);
+            else if (a.as == 'b') stack.emplace_back(is[a.slot] != 0);
+            else stack.emplace_back(is[a.slot]);
+            break;
+          case Kind::Const:
+            stack.push_back(a.value);
+            break;
+          case Kind::TensorList: {
+            auto operand = [&](const Operand& o) {
+              const at::Tensor& t = vals[o.bid];
+              return o.view ? t.as_strided(o.shape, o.strides, t.storage_offset() + o.offset) : t;
+            };
+            if (a.optional_elements) {
+              c10::List<std::optional<at::Tensor>> list;
+              for (const auto& o : a.list) list.push_back(o ? std::optional<at::Tensor>(operand(*o)) : std::nullopt);
+              stack.emplace_back(std::move(list));
+            } else {
+              c10::List<at::Tensor> list;
+              for (const auto& o : a.list) list.push_back(operand(*o));
+              stack.emplace_back(std::move(list));
+            }
+            break;
+          }
+        }
+      }
+      step.op->callBoxed(&stack);
+      for (size_t k = 0; k < step.outs.size() && k < stack.size(); ++k) {
+        const Out& out = step.outs[k];
+        if (out.bid < 0) continue;
+        at::Tensor t = settle(stack[k].toTensor(), out);
+        uintptr_t p = reinterpret_cast<uintptr_t>(t.data_ptr());
+        if (lo <= p && p < hi) t = t.clone();  // a view of an arena buffer: later kernels overwrite it
+        ptrs[out.bid] = t.data_ptr();
+        vals[out.bid] = std::move(t);
+      }
+    }
+    for (int64_t i : step.frees) vals[i] = at::Tensor();
+  }
+  return 0;
+}
+
+PyObject* wrap(const at::Tensor& t) {
+  static PyObject* wrap_impl = nullptr;
+  if (wrap_impl == nullptr) {
+    PyObject* mod = PyImport_ImportModule("torch._C");
+    if (mod == nullptr) return nullptr;
+    wrap_impl = PyObject_GetAttrString(mod, "_wrap_tensor_impl");
+    Py_DECREF(mod);
+    if (wrap_impl == nullptr) return nullptr;
+  }
+  // torch's binding takes the TensorImpl* as a capsule (pybind11's void*), unnamed as _tensor_impl_raw_handle's
+  PyObject* address = PyCapsule_New(t.unsafeGetTensorImpl(), nullptr, nullptr);
+  if (address == nullptr) return nullptr;
+  PyObject* out = PyObject_CallOneArg(wrap_impl, address);
+  Py_DECREF(address);
+  return out;
+}
+
+}  // namespace
+
+PyObject* make_runner(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "make_runner(steps, num_buffers, include_raw, exclude_raw)");
+    return nullptr;
+  }
+  auto* r = new Runner();
+  try {
+    PyObject* steps = args[0];
+    for (Py_ssize_t i = 0; i < PyList_Size(steps); ++i) r->steps.push_back(parse_step(PyList_GET_ITEM(steps, i)));
+    r->num_buffers = PyLong_AsLongLong(args[1]);
+    r->include = c10::DispatchKeySet(c10::DispatchKeySet::RAW, PyLong_AsUnsignedLongLong(args[2]));
+    r->exclude = c10::DispatchKeySet(c10::DispatchKeySet::RAW, PyLong_AsUnsignedLongLong(args[3]));
+    if (PyErr_Occurred()) throw std::runtime_error("lazy runner: bad arguments");
+  } catch (const std::exception& e) {
+    delete r;
+    PyErr_Clear();
+    PyErr_SetString(PyExc_ValueError, e.what());
+    return nullptr;
+  }
+  return PyCapsule_New(r, kCapsule, destroy);
+}
+
+PyObject* run_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 8) {
+    PyErr_SetString(PyExc_TypeError,
+                    "run_program(runner, pointers, doubles, int64s, values, arena_lo, arena_hi, wanted)");
+    return nullptr;
+  }
+  auto* r = static_cast<Runner*>(PyCapsule_GetPointer(args[0], kCapsule));
+  if (r == nullptr) return nullptr;
+  void** ptrs = static_cast<void**>(PyLong_AsVoidPtr(args[1]));
+  const double* fs = static_cast<const double*>(PyLong_AsVoidPtr(args[2]));
+  const int64_t* is = static_cast<const int64_t*>(PyLong_AsVoidPtr(args[3]));
+  uintptr_t lo = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[5]));
+  uintptr_t hi = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[6]));
+  if (PyErr_Occurred()) return nullptr;
+  std::vector<at::Tensor> vals(r->num_buffers);
+  PyObject* values = args[4];
+  for (Py_ssize_t i = 0; i < PyList_Size(values); ++i) {
+    PyObject* pair = PyList_GET_ITEM(values, i);
+    int64_t bid = PyLong_AsLongLong(PyTuple_GET_ITEM(pair, 0));
+    c10::TensorImpl* impl = tensor_impl(PyTuple_GET_ITEM(pair, 1));
+    if (impl == nullptr || bid < 0 || bid >= r->num_buffers) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "run_program: a bad (buffer, tensor) pair");
+      return nullptr;
+    }
+    vals[bid] = at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl));
+  }
+  int err = 0;
+  Failure failure;
+  Py_BEGIN_ALLOW_THREADS
+  try {
+    err = execute(*r, vals, ptrs, fs, is, lo, hi);
+  } catch (const c10::LinAlgError& e) {
+    failure = {PyExc_RuntimeError, e.what_without_backtrace(), "_LinAlgError"};
+  } catch (const c10::OutOfMemoryError& e) {
+    failure = {PyExc_RuntimeError, e.what_without_backtrace(), "OutOfMemoryError"};
+  } catch (const c10::IndexError& e) {
+    failure = {PyExc_IndexError, e.what_without_backtrace(), nullptr};
+  } catch (const c10::ValueError& e) {
+    failure = {PyExc_ValueError, e.what_without_backtrace(), nullptr};
+  } catch (const c10::TypeError& e) {
+    failure = {PyExc_TypeError, e.what_without_backtrace(), nullptr};
+  } catch (const c10::NotImplementedError& e) {
+    failure = {PyExc_NotImplementedError, e.what_without_backtrace(), nullptr};
+  } catch (const c10::Error& e) {
+    failure = {PyExc_RuntimeError, e.what_without_backtrace(), nullptr};
+  } catch (const std::exception& e) {
+    failure = {PyExc_RuntimeError, e.what(), nullptr};
+  }
+  Py_END_ALLOW_THREADS
+  if (failure.type != nullptr) {
+    PyObject* type = failure.type;
+    PyObject* mod = failure.torch_type != nullptr ? PyImport_ImportModule("torch._C") : nullptr;
+    PyObject* torch_type = mod != nullptr ? PyObject_GetAttrString(mod, failure.torch_type) : nullptr;
+    PyErr_Clear();
+    PyErr_SetString(torch_type != nullptr ? torch_type : type, failure.message.c_str());
+    Py_XDECREF(torch_type);
+    Py_XDECREF(mod);
+    return nullptr;
+  }
+  PyObject* wanted = args[7];
+  PyObject* results = PyList_New(0);
+  if (results == nullptr) return nullptr;
+  for (Py_ssize_t i = 0; i < PyTuple_Size(wanted); ++i) {
+    PyObject* id = PyTuple_GET_ITEM(wanted, i);
+    int64_t bid = PyLong_AsLongLong(id);
+    if (bid < 0 || bid >= r->num_buffers || !vals[bid].defined()) continue;
+    PyObject* t = wrap(vals[bid]);
+    if (t == nullptr) {
+      Py_DECREF(results);
+      return nullptr;
+    }
+    PyObject* pair = PyTuple_Pack(2, id, t);
+    Py_DECREF(t);
+    if (pair == nullptr || PyList_Append(results, pair) < 0) {
+      Py_XDECREF(pair);
+      Py_DECREF(results);
+      return nullptr;
+    }
+    Py_DECREF(pair);
+  }
+  {
+    // the tensors Python holds lose the references taken above with the GIL held (a TensorImpl whose last reference
+    // goes may free a Python object)
+    std::vector<at::Tensor> drop = std::move(vals);
+  }
+  return Py_BuildValue("(iN)", err, results);
+}
+
+}  // namespace lazy
