@@ -42,10 +42,7 @@ struct Operand {  // a buffer, read whole or as a strided view of it
 
 struct Arg {
   Kind kind = Kind::Const;
-  int64_t bid = -1;  // Tensor: the buffer
-  bool view = false;
-  std::vector<int64_t> shape, strides;
-  int64_t offset = 0;
+  Operand tensor;     // Tensor
   int64_t slot = -1;  // Scalar: the runtime scalar, read as double ('f'), int64 ('i') or bool ('b')
   char as = 'f';
   c10::IValue value;  // Const (or a schema default)
@@ -120,6 +117,19 @@ c10::IValue constant(PyObject* spec) {
   throw std::runtime_error("lazy runner: unknown constant tag " + t);
 }
 
+// A buffer argument: its id, and None or the (shape, strides, offset) of the view of it the call reads.
+Operand operand(PyObject* bid, PyObject* view) {
+  Operand o;
+  o.bid = PyLong_AsLongLong(bid);
+  if (view != Py_None) {
+    o.view = true;
+    o.shape = ints_of(PyTuple_GET_ITEM(view, 0));
+    o.strides = ints_of(PyTuple_GET_ITEM(view, 1));
+    o.offset = PyLong_AsLongLong(PyTuple_GET_ITEM(view, 2));
+  }
+  return o;
+}
+
 // One step of the plan: ("seg", address, frees) or ("ext", name, overload, args, outs, frees); an argument is
 // ("t", buffer, view or None) with view = (shape, strides, offset), ("s", slot, 'f'|'i'|'b'), ("c", tagged
 // constant) or ("d",) (the schema's default); an output is (buffer or -1, strides or None).
@@ -146,14 +156,7 @@ Step parse_step(PyObject* spec) {
     Arg arg;
     if (tag == "t") {
       arg.kind = Kind::Tensor;
-      arg.bid = PyLong_AsLongLong(PyTuple_GET_ITEM(a, 1));
-      PyObject* view = PyTuple_GET_ITEM(a, 2);
-      if (view != Py_None) {
-        arg.view = true;
-        arg.shape = ints_of(PyTuple_GET_ITEM(view, 0));
-        arg.strides = ints_of(PyTuple_GET_ITEM(view, 1));
-        arg.offset = PyLong_AsLongLong(PyTuple_GET_ITEM(view, 2));
-      }
+      arg.tensor = operand(PyTuple_GET_ITEM(a, 1), PyTuple_GET_ITEM(a, 2));
     } else if (tag == "tl") {
       arg.kind = Kind::TensorList;
       PyObject* items = PyTuple_GET_ITEM(a, 1);
@@ -163,16 +166,7 @@ Step parse_step(PyObject* spec) {
           arg.list.emplace_back(std::nullopt);
           continue;
         }
-        Operand o;
-        o.bid = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 0));
-        PyObject* view = PyTuple_GET_ITEM(item, 1);
-        if (view != Py_None) {
-          o.view = true;
-          o.shape = ints_of(PyTuple_GET_ITEM(view, 0));
-          o.strides = ints_of(PyTuple_GET_ITEM(view, 1));
-          o.offset = PyLong_AsLongLong(PyTuple_GET_ITEM(view, 2));
-        }
-        arg.list.emplace_back(std::move(o));
+        arg.list.emplace_back(operand(PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1)));
       }
       arg.optional_elements = PyObject_IsTrue(PyTuple_GET_ITEM(a, 2));
     } else if (tag == "s") {
@@ -225,6 +219,10 @@ int execute(const Runner& r, std::vector<at::Tensor>& vals, void** ptrs, const d
   c10::impl::ForceDispatchKeyGuard keys(r.include, r.exclude);
   using Segment = int (*)(void**, const double*, const int64_t*);
   std::vector<c10::IValue> stack;
+  auto read = [&](const Operand& o) {
+    const at::Tensor& t = vals[o.bid];
+    return o.view ? t.as_strided(o.shape, o.strides, t.storage_offset() + o.offset) : t;
+  };
   for (const Step& step : r.steps) {
     if (step.segment != nullptr) {
       int err = reinterpret_cast<Segment>(step.segment)(ptrs, fs, is);
@@ -233,11 +231,9 @@ int execute(const Runner& r, std::vector<at::Tensor>& vals, void** ptrs, const d
       stack.clear();
       for (const Arg& a : step.args) {
         switch (a.kind) {
-          case Kind::Tensor: {
-            const at::Tensor& t = vals[a.bid];
-            stack.emplace_back(a.view ? t.as_strided(a.shape, a.strides, t.storage_offset() + a.offset) : t);
+          case Kind::Tensor:
+            stack.emplace_back(read(a.tensor));
             break;
-          }
           case Kind::Scalar:
             if (a.as == 'f') stack.emplace_back(fs[a.slot]);
             else if (a.as == 'b') stack.emplace_back(is[a.slot] != 0);
@@ -247,17 +243,13 @@ int execute(const Runner& r, std::vector<at::Tensor>& vals, void** ptrs, const d
             stack.push_back(a.value);
             break;
           case Kind::TensorList: {
-            auto operand = [&](const Operand& o) {
-              const at::Tensor& t = vals[o.bid];
-              return o.view ? t.as_strided(o.shape, o.strides, t.storage_offset() + o.offset) : t;
-            };
             if (a.optional_elements) {
               c10::List<std::optional<at::Tensor>> list;
-              for (const auto& o : a.list) list.push_back(o ? std::optional<at::Tensor>(operand(*o)) : std::nullopt);
+              for (const auto& o : a.list) list.push_back(o ? std::optional<at::Tensor>(read(*o)) : std::nullopt);
               stack.emplace_back(std::move(list));
             } else {
               c10::List<at::Tensor> list;
-              for (const auto& o : a.list) list.push_back(operand(*o));
+              for (const auto& o : a.list) list.push_back(read(*o));
               stack.emplace_back(std::move(list));
             }
             break;

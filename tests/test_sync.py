@@ -178,3 +178,47 @@ def test_a_graph_runs_where_its_data_is():
     if torch.device(here).type != "cpu":  # the first leaf on the other device: caught before the program runs
         with pytest.raises(RuntimeError, match="one graph reads data on"):
             (b + a).cpu()
+
+
+@pytest.mark.parametrize("compiler", ["reference", "cpp"])
+def test_data_checks_run_at_the_next_sync(compiler):
+    """Note [Checks run at the next sync]: ops that check tensor data and return nothing (linalg's
+    _linalg_check_errors, _assert_async) raise at the sync that follows, as eager raises at the op."""
+    with lazy.config.override(compiler=compiler):
+        with pytest.raises(torch.linalg.LinAlgError):
+            (torch.linalg.cholesky(-torch.eye(3).to("lazy")) + 1).cpu()
+        with pytest.raises(torch.linalg.LinAlgError):
+            torch.linalg.inv(torch.zeros(2, 2).to("lazy")).cpu()
+        good = torch.eye(3) * 2 + 0.5
+        torch.testing.assert_close(torch.linalg.cholesky(good.to("lazy")).cpu(), torch.linalg.cholesky(good))
+        torch._assert_async(torch.tensor([1.0, 0.0]).to("lazy").all())
+        with pytest.raises(RuntimeError):
+            lazy.mark_step()  # nothing else pending: the check alone is the graph
+        torch._assert_async(torch.ones(2).to("lazy").all())
+        lazy.mark_step()
+        ready = torch.zeros(2).to("lazy")
+        lazy.mark_step()
+        torch._assert_async(ready.any())
+        with pytest.raises(RuntimeError):
+            ready.cpu()  # data already computed: the pending check runs before it is read
+        # a check pending beside a partial sync that also computes another live tensor on the way
+        x = torch.randn(4)
+        a = x.to("lazy") * 2
+        b = a + 1
+        torch._assert_async(torch.ones(1).to("lazy").all())
+        torch.testing.assert_close(b.cpu(), x * 2 + 1)
+        torch.testing.assert_close(a.cpu(), x * 2)
+        assert not lazy.trace.record.PENDING_CHECKS
+
+
+def test_a_data_check_inside_a_captured_function_runs_it_plainly():
+    @lazy.compile
+    def f(m):
+        return torch.linalg.cholesky(m) * 2
+
+    good = torch.eye(2) * 4
+    for _ in range(3):
+        torch.testing.assert_close(f(good.to("lazy")).cpu(), torch.linalg.cholesky(good) * 2)
+    with pytest.raises(torch.linalg.LinAlgError):
+        f(-good.to("lazy")).cpu()
+    assert metrics.counter("capture.replays") == 0

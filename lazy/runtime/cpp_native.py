@@ -12,10 +12,8 @@ import torch
 
 from .. import _C
 from ..device.backing import _EAGER_KEYS
-from ..ir.node import DEVICE, GENERATOR, TENSOR, Op, _Marker
-from .reference import _CONST, _INPUT, _SCALAR, EXEC_OVERRIDES
-
-_LIST = 3  # a list of tensors: ``(_LIST, [input position or None, ...])``
+from ..ir.node import Op
+from .reference import _CONST, _INPUT, _LIST, EXEC_OVERRIDES, _plan
 
 NATIVE = True
 # A run in C takes the outputs of every kernel segment before it starts (their shapes are fixed; taking them needs
@@ -83,7 +81,9 @@ def extern_step(op: Any, call: tuple, scalar_kinds: Sequence[Any], frees: Sequen
         raise Unsupported(f"{op} is not a plain aten operator")
     _, targs, tkwargs, plan, ins, views, slots, outs, layouts, _ = call
     if plan is None:
-        plan = _plan_with_lists(targs, tkwargs, op)
+        plan = _plan(targs, tkwargs, lists=True)
+        if plan is None:
+            raise Unsupported(f"{op} takes a nested argument, a device or a generator")
     schema = op._schema
     if any(str(r.type) != "Tensor" for r in schema.returns) or len(schema.returns) != len(outs):
         raise Unsupported(f"{op} returns {[str(r.type) for r in schema.returns]}")
@@ -119,36 +119,6 @@ def extern_step(op: Any, call: tuple, scalar_kinds: Sequence[Any], frees: Sequen
         raise Unsupported(f"{op}: arguments beyond its schema")
     results = tuple((-1 if b is None else b, st) for b, st in zip(outs, layouts))
     return ("ext", schema.name, schema.overload_name, tuple(args), results, tuple(frees))
-
-
-def _plan_with_lists(args: tuple, kwargs: tuple, op: Any) -> tuple:
-    """reference._plan's flat plan, with lists of tensors (``index_put``'s indices) as one ``_LIST`` entry of input
-    positions (None for an absent index)."""
-    counts = [0, 0]
-
-    def entry(v: Any) -> tuple:
-        if v is TENSOR:
-            counts[0] += 1
-            return (_INPUT, counts[0] - 1)
-        if type(v) is _Marker:
-            if v is DEVICE or v is GENERATOR:
-                raise Unsupported(f"{op} takes a device or a generator")
-            counts[1] += 1
-            return (_SCALAR, counts[1] - 1)
-        if type(v) is tuple:
-            if any(x is TENSOR for x in v):
-                if not all(x is TENSOR or x is None for x in v):
-                    raise Unsupported(f"{op}: a list of tensors and values")
-                positions = []
-                for x in v:
-                    positions.append(None if x is None else entry(x)[1])
-                return (_LIST, positions)
-            if any(type(x) is _Marker or type(x) is tuple for x in v):
-                raise Unsupported(f"{op}: a nested argument")
-            return (_CONST, list(v))
-        return (_CONST, v)
-
-    return [entry(v) for v in args], [(k,) + entry(v) for k, v in kwargs]
 
 
 def make_runner(steps: List[tuple], num_buffers: int) -> Any:

@@ -61,13 +61,14 @@ def _fill(value: Any, inputs: Any, scalars: Any, device: torch.device) -> Any:
     return value
 
 
-_CONST, _INPUT, _SCALAR = 0, 1, 2
+_CONST, _INPUT, _SCALAR, _LIST = 0, 1, 2, 3
 
 
-def _plan(args: tuple, kwargs: tuple) -> Any:
+def _plan(args: tuple, kwargs: tuple, lists: bool = False) -> Any:
     """A flat argument plan ``([(kind, x)], [(name, kind, x)])`` of a node's templates, built once per Program so a
     run does no template walk; None when a template nests markers or needs a device or generator (then
-    ``_fill`` runs)."""
+    ``_fill`` runs). ``lists``: a list of tensors and Nones (``index_put``'s indices) is one ``(_LIST, [input
+    position or None, ...])`` entry (runtime/cpp_native.py) instead of a reason to give up."""
     counts = [0, 0]
 
     def entry(v: Any) -> Any:
@@ -80,6 +81,8 @@ def _plan(args: tuple, kwargs: tuple) -> Any:
             counts[1] += 1
             return (_SCALAR, counts[1] - 1)
         if type(v) is tuple:
+            if lists and any(x is TENSOR for x in v) and all(x is TENSOR or x is None for x in v):
+                return (_LIST, [None if x is None else entry(x)[1] for x in v])
             if any(type(x) is _Marker or type(x) is tuple for x in v):
                 raise LookupError
             return (_CONST, list(v))

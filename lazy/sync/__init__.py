@@ -52,10 +52,12 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
                                 "move the value to the cpu explicitly outside the step")
     metrics.bump(f"sync.{cause}")
     pending = [st for st in storages if st.value.op is not DATA]
-    if all(r.op is DATA for r in roots) and not pending:
+    checks = record.take_checks() if record.PENDING_CHECKS else []  # Note [Checks run at the next sync]
+    if all(r.op is DATA for r in roots) and not pending and not checks:
         SYNC_LOG.append(SyncRecord(cause, where, 0, None))
         return [launch.ready(r.data) for r in roots]
-    lin = linearize(list(roots) + [st.value for st in pending])
+    lin = linearize(list(roots) + [st.value for st in pending] + checks)
+    first_pending = len(pending)  # outputs: roots, these storages, the checks, then the storages added below
     chosen = set(map(id, pending))
     others = [st for st in pending_storages() if id(st) not in chosen]  # none at a mark_step
     if others:
@@ -76,7 +78,7 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
         raise
     # Note [Asynchronous execution] (sync/launch.py): a sync that returns no data launches and returns
     strides = launch.layout_known(program) if not roots and launch.enabled() else None
-    if strides is not None and record.CAPTURE is None:
+    if strides is not None and record.CAPTURE is None and not checks:
         launch.check_leaves(lin.leaves)
         outs = launch.launch(program, lin.leaves, lin.scalars, [st.value for st in pending], strides,
                              [(st, st.value) for st in pending], where, device)
@@ -93,6 +95,9 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
             raise
         metrics.bump("run_time_s", time.perf_counter() - start)
         launch.remember_layout(program, outs, lin.order)
+    if checks:  # the checks' outputs (markers) sit between the storages asked for and those added
+        at = len(roots) + first_pending
+        outs = outs[:at] + outs[at + len(checks):]
     for st, out in zip(pending, outs[len(roots):]):
         st.value = data_leaf(out)
         st.version += 1
@@ -108,6 +113,8 @@ def data_of(t: LazyTensor, cause: str) -> torch.Tensor:
         record.CAPTURE.on_sync(cause)
     if st.value.op is DATA:
         # Already computed: a view of it is read by running its view ops (no graph, nothing to cache).
+        if record.PENDING_CHECKS:  # but checks recorded since run first (Note [Checks run at the next sync])
+            sync_nodes((), (), "check")
         data = _count(st.value, cause)
         for step in t._lz_chain or ():
             data = run_node(step.op, step.args, step.kwargs, (data,), (), data.device)
@@ -144,7 +151,7 @@ def mark_step() -> None:
         record.CAPTURE.on_sync("mark_step")
     pending = pending_storages()
     metrics.bump("mark_step")
-    if not pending:
+    if not pending and not record.PENDING_CHECKS:
         metrics.bump("sync.mark_step")
         SYNC_LOG.append(SyncRecord("mark_step", user_frame(), 0, None))
         return

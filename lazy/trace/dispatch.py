@@ -18,7 +18,7 @@ from ..ir.node import GETITEM, SCALAR_MARKERS, TENSOR
 from . import views
 from .meta import MEMO, Out, Unrecordable
 from .record import (SYNC, data_dependent, record_copy, record_functional, record_index, record_inplace,
-                     record_inplace_view, record_item, record_out, record_resize, record_set, record_to_copy,
+                     record_check, record_inplace_view, record_item, record_out, record_resize, record_set, record_to_copy,
                      record_view)
 from .schema import describe
 
@@ -68,6 +68,9 @@ _SPECIAL: Dict[Any, Callable[..., Any]] = {
     aten.set_.default: record_set,
     aten.resize_.default: record_resize,
     aten.resize_as_.default: record_resize,
+    aten._linalg_check_errors.default: record_check,  # Note [Checks run at the next sync]
+    aten._assert_async.default: record_check,
+    aten._assert_async.msg: record_check,
 }
 
 

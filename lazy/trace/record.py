@@ -243,6 +243,46 @@ def record_functional(func: Any, args: tuple, kwargs: dict) -> Any:
     return _tensors(out, values)
 
 
+# Note [Checks run at the next sync]
+# Some ATen ops check tensor data and return nothing: ``_linalg_check_errors`` (linalg.cholesky, inv, solve, ...
+# raise through it when the factorization fails), ``_assert_async``. Recorded like any op, their node would be
+# reachable from no tensor and never run: the check would vanish and a wrong result go through silently. So each
+# becomes a node of its own (an internal op calling the check, then returning an empty marker) kept in
+# PENDING_CHECKS, and the next sync computes the pending checks with whatever it computes (a read of data already
+# computed runs them first): the check raises there, once, as any error of a graph does (eager raised at the op). A check recorded inside ``lazy.compile`` is a sync
+# of the capture, so that function runs plainly.
+PENDING_CHECKS: list = []
+_CHECKS: Dict[Any, Op] = {}
+
+
+def _checked(op: Any) -> Op:
+    fn = _CHECKS.get(op)
+    if fn is None:
+        def run(*args: Any, **kwargs: Any) -> torch.Tensor:
+            op(*args, **kwargs)  # raises where the data fails the check
+            device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+            return torch.zeros((), dtype=torch.bool, device=device)
+        fn = _CHECKS[op] = Op(f"checked[{op}]", run)
+    return fn
+
+
+def record_check(func: Any, args: tuple, kwargs: dict) -> None:
+    """A data check that returns nothing (Note [Checks run at the next sync])."""
+    if CAPTURE is not None:
+        CAPTURE.on_sync(f"{func} checks tensor data")
+    desc = describe(func)
+    targs, tkw, ins, scs, _ = flatten(desc, args, kwargs)
+    PENDING_CHECKS.append(Node(_checked(func), targs, tkw, tuple(ins), tuple(scs), (), torch.bool))
+    return None
+
+
+def take_checks() -> list:
+    """The pending checks, which the caller's graph runs (Note [Checks run at the next sync])."""
+    checks = PENDING_CHECKS[:]
+    PENDING_CHECKS.clear()
+    return checks
+
+
 def record_view(func: Any, args: tuple, kwargs: dict) -> Any:
     desc = describe(func)
     base = args[0]
