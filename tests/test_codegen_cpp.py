@@ -423,3 +423,22 @@ def test_concatenations_split_their_loop(inner):
         assert " ? " not in body, body
     else:
         assert " ? " in body and len(loops) <= 1, body
+
+
+def test_a_constant_scalars_tuple_is_packed_once():
+    """Note [Segment calls in C]: a run keeps the packing of a tuple of numbers it sees again (a replay's constants)
+    and packs any other scalars afresh, so new values always reach the kernels."""
+    x0 = torch.randn(8, 8)
+    ((x0.to("lazy") * 0.5 + 0.25).sin()).cpu()
+    p = graph_cache.latest()
+    leaf = x0.clone()
+    same = (0.5, 0.25)
+    for _ in range(3):
+        torch.testing.assert_close(p.run([leaf], same)[0], (leaf * 0.5 + 0.25).sin())
+    assert p._packed[0] is same and p._packed[5]
+    arrays = p._packed[1]
+    p.run([leaf], same)
+    assert p._packed[1] is arrays  # reused, not packed again
+    for scalars in ((2.0, -1.0), [3.0, 0.5], (2.0, -1.0)):  # new values, a list, an equal but new tuple
+        torch.testing.assert_close(p.run([leaf], scalars)[0], (leaf * scalars[0] + scalars[1]).sin())
+    assert not p._packed[5]

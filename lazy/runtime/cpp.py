@@ -148,8 +148,9 @@ class Program:
         self.arena_views = [(b.id, offsets[b.id], b.shape, b.dtype) for b in in_arena if b.id in extern_read]
         self._ptrs = (ctypes.c_void_p * max(self.num_buffers, 1))()
         self._values: List[Any] = [None] * self.num_buffers
-        # (scalars tuple, its float and int arrays, their addresses): Note [Segment calls in C] in csrc/graph.cpp
-        self._packed: Tuple[Any, ...] = (None, None, None, 0, 0)
+        # (the last scalars tuple, its float and int arrays, their addresses, whether it holds numbers only): Note
+        # [Segment calls in C] in csrc/graph.cpp
+        self._packed: Tuple[Any, ...] = (None, None, None, 0, 0, False)
         if self.keep_arena:
             base = self._arena.data_ptr()
             for bid, off in self.arena_slots:
@@ -270,15 +271,18 @@ class Program:
         for i, t in zip(self.leaf_ids, leaves):
             values[i] = t
             ptrs[i] = t.data_ptr()
-        seen, fs, is_, fs_at, is_at = self._packed
-        if scalars is not seen:
+        seen, fs, is_, fs_at, is_at, numbers = self._packed
+        if scalars is seen and not numbers and all(type(s) in (int, float, bool) for s in scalars):
+            # the same tuple again, of numbers only (a replay's constants): its packing holds from now on. Checked
+            # at the second run only: a replay's tuple of computed scalars is new at every run
+            numbers = True
+            self._packed = (seen, fs, is_, fs_at, is_at, True)
+        if scalars is not seen or not numbers:
             n = max(len(scalars), 1)
             fs, is_ = (ctypes.c_double * n)(), (ctypes.c_int64 * n)()
             _C.pack_scalars(scalars, fs, is_)  # float(s) and int(s) of each number, in C (~0.3 us each in Python)
             fs_at, is_at = ctypes.addressof(fs), ctypes.addressof(is_)
-            if type(scalars) is tuple and all(type(s) in (int, float, bool) for s in scalars):
-                # the same tuple of numbers again (a replay's constants): kept
-                self._packed = (scalars, fs, is_, fs_at, is_at)
+            self._packed = (scalars if type(scalars) is tuple else None, fs, is_, fs_at, is_at, False)
         timer = _Timer(self) if config.debug >= 3 else None
         check_alias = bool(self.arena_views) and self.keep_arena
         lo = arena.data_ptr()

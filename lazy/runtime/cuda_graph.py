@@ -97,7 +97,6 @@ class GraphedProgram:
         self.out_template: List[Any] = []
         self.created: List[int] = []
         self.created_static: List[torch.Tensor] = []
-        self.alias_inputs: List[int] = []
         self.recaptures = 0
         self.disabled = ungraphable(program)
         self.lock = threading.Lock()  # one run at a time (Note [CUDA graphs for cached programs])
@@ -201,7 +200,7 @@ class GraphedProgram:
             for i, t in zip(created, fresh):
                 out[i] = t
         seen = self.seen
-        for k in self.alias_inputs:
+        for k in self.aliases.values():
             seen[k] = None  # overwritten by the graph: a tensor copied there before is no longer what it holds
         return out
 
@@ -236,7 +235,6 @@ class GraphedProgram:
                              None for i, o in enumerate(outs)]
         self.created = [i for i, o in enumerate(self.out_template) if o is None]
         self.created_static = [outs[i] for i in self.created]
-        self.alias_inputs = list(self.aliases.values())
         self.static_ids = {id(t) for t in self.static_in} | {id(o) for o in outs}
         metrics.bump("cuda_graph.captures")
 

@@ -167,14 +167,13 @@ class Program:
                         loaded[at] = launcher.load_compiled(ck, launch.grid)
                 cands.append(loaded[at])
             self._cands.append(cands)
-        infos = kept
-        self._record = (key, source, infos)
+        self._record = (key, source, kept)
         if tuned is not None and all(j < len(vs) for j, vs in zip(tuned, self.variants)):
             self.choice = list(tuned)
         else:
             self._untuned = {n for n, vs in enumerate(self.variants) if len(vs) > 1 and not vs[0].inplace}
             # with nothing to time, the choices are final now: a later process reads them and rewrites nothing
-            build.write_record(key, source, infos, tuned=None if self._untuned else self.choice)
+            build.write_record(key, source, kept, tuned=None if self._untuned else self.choice)
         self._bound = [cands[j] for cands, j in zip(self._cands, self.choice)]
 
     def choose(self, n: int, j: int) -> None:
@@ -253,7 +252,7 @@ class Program:
         if nf + ni == 0:  # only extern calls take scalars: nothing to load
             return
         self._pack = struct.Struct(f"<{nf}d{ni}q")
-        self._scal = torch.zeros(max(nf + ni, 1), dtype=torch.int64, device=self.device)
+        self._scal = torch.zeros(nf + ni, dtype=torch.int64, device=self.device)
         sf, si = self._scal[:nf].view(torch.float64), self._scal[nf:]
         self._scalar_args = [[buf[at[f]:] for buf, f in ((sf, True), (si, False)) if f in launch.floats]
                              for launch, at in zip(self.launches, regions)]
@@ -301,10 +300,12 @@ class Program:
         self.load_scalars(scalars)
         return self.launch(leaves, scalars)
 
-    def launch(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any], count: bool = True) -> List[torch.Tensor]:
+    def launch(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any],
+               count: bool = True) -> List[torch.Tensor]:
         """The kernels and externs in step order, the scalars already loaded (``load_scalars``): what a CUDA graph
-        captures (``count``: whether the run counts in the metrics; a capture's do not). Note [Temporaries in one allocation]: ``ptrs`` holds every live buffer's address, ``values`` the
-        tensors that own them (arena temporaries have none, but as views where a launch needs tensors)."""
+        captures (``count``: whether the run counts in the metrics; a capture's do not). Note [Temporaries in one
+        allocation]: ``ptrs`` holds every live buffer's address, ``values`` the tensors that own them (arena
+        temporaries have none, but as views where a launch needs tensors)."""
         device = self.device
         values: List[Any] = [None] * self.num_buffers
         ptrs: List[int] = [0] * self.num_buffers
@@ -372,7 +373,8 @@ class Program:
 
     def launched_kernels(self) -> int:
         """How many kernels a run launches (kernels of an empty grid launch nothing)."""
-        return sum(1 for step in self.steps if step[0] is _KERNEL and self.variants[step[1]][self.choice[step[1]]].grid > 0)
+        return sum(1 for step in self.steps
+                   if step[0] is _KERNEL and self.variants[step[1]][self.choice[step[1]]].grid > 0)
 
     def _arena_views(self, values: List[Any], arena: torch.Tensor) -> None:
         """The arena's temporaries as tensors, for launches that take tensors rather than addresses."""

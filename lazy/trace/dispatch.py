@@ -17,9 +17,9 @@ from ..device.tensor import LAZY_DEVICE, LazyTensor
 from ..ir.node import GETITEM, SCALAR_MARKERS, TENSOR
 from . import views
 from .meta import MEMO, Out, Unrecordable
-from .record import (SYNC, data_dependent, record_copy, record_functional, record_index, record_inplace,
-                     record_check, record_inplace_view, record_item, record_out, record_resize, record_set, record_to_copy,
-                     record_view)
+from .record import (SYNC, data_dependent, record_check, record_copy, record_functional, record_index,
+                     record_inplace, record_inplace_view, record_item, record_out, record_resize, record_set,
+                     record_to_copy, record_view)
 from .schema import describe
 
 aten = torch.ops.aten

@@ -249,8 +249,8 @@ def record_functional(func: Any, args: tuple, kwargs: dict) -> Any:
 # reachable from no tensor and never run: the check would vanish and a wrong result go through silently. So each
 # becomes a node of its own (an internal op calling the check, then returning an empty marker) kept in
 # PENDING_CHECKS, and the next sync computes the pending checks with whatever it computes (a read of data already
-# computed runs them first): the check raises there, once, as any error of a graph does (eager raised at the op). A check recorded inside ``lazy.compile`` is a sync
-# of the capture, so that function runs plainly.
+# computed runs them first): the check raises there, once, as any error of a graph does (eager raised at the op). A
+# check recorded inside ``lazy.compile`` is a sync of the capture, so that function runs plainly.
 PENDING_CHECKS: list = []
 _CHECKS: Dict[Any, Op] = {}
 
