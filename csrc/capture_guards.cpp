@@ -49,6 +49,7 @@ enum Op : int {
                 // device index or -1, tensor_signature): the TensorImpl is read where it can be, else a's call
   kBinary,      // r[dst] = r[src] <a> r[n], a an operator of Binary (Note [Arithmetic in guard programs])
   kCall,        // r[dst] = a(r[src]) (a function the capture called: len)
+  kIsReg,       // r[src] is r[n] (one tensor reached along two paths: Note [Tensors reached twice] in policy.py)
   kNumOps,
 };
 
@@ -270,6 +271,8 @@ int step(const Ins& ins, PyObject** r, PyObject* A, PyTypeObject* lazy_type) {
       return r[ins.dst] != nullptr ? 1 : -1;
     case kIs:
       return x == ins.a;
+    case kIsReg:
+      return r[ins.n] != nullptr && x == r[ins.n];
     case kTypeIs:
       return reinterpret_cast<PyObject*>(Py_TYPE(x)) == ins.a;
     case kEq:
@@ -440,7 +443,7 @@ PyObject* guard_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         ((ins.op == kArg || ins.op == kConst || ins.op == kAttr || ins.op == kItem || ins.op == kItemReg ||
           ins.op == kBinary || ins.op == kCall) && ins.dst < 0) ||
         (ins.op == kCall && !PyCallable_Check(a)) ||
-        ((ins.op == kItemReg || ins.op == kBinary) && (ins.n < 0 || ins.n >= nregs)) ||
+        ((ins.op == kItemReg || ins.op == kBinary || ins.op == kIsReg) && (ins.n < 0 || ins.n >= nregs)) ||
         (ins.op == kBinary && (!PyLong_Check(a) || PyLong_AsLong(a) < 0 || PyLong_AsLong(a) >= kNumBinary)) ||
         (ins.op != kArg && ins.op != kConst && ins.op != kCallEq && ins.op != kState && ins.src < 0) ||
         (ins.op == kState && (!PyTuple_Check(a) || !PyTuple_Check(b) ||

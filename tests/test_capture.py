@@ -307,6 +307,88 @@ def test_other_objects_are_guarded_by_identity():
     assert counter("capture.captures") == 2 and counter("capture.replays") == 3
 
 
+@pytest.mark.parametrize("change", ["replace parameter", "tie weights"])
+def test_one_object_reached_along_two_paths_is_guarded(change):
+    """Note [Objects reached twice]: the model and the optimizer reach each parameter along two paths; replacing a
+    model's parameter (the optimizer keeps the old one) or tying two is a guard miss, and the steps equal eager's."""
+    def run(device, compiled):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)).to(device)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
+        def step(x):
+            loss = m(x).square().sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        f = lazy.compile(plain_copy(step)) if compiled else step
+        run.fn = f
+        losses = []
+        for i in range(6):
+            if i == 3:
+                with torch.no_grad():
+                    if change == "replace parameter":
+                        m[0].weight = nn.Parameter(torch.full((4, 4), 0.1, device=device))
+                    else:
+                        m[1].weight = m[0].weight
+            losses.append(f(torch.randn(2, 4, generator=torch.Generator().manual_seed(i)).to(device)).cpu())
+        return losses, [p.detach().cpu() for p in m.parameters()], [p.detach().cpu() for p in opt.param_groups[0]["params"]]
+
+    want = run("cpu", False)
+    got = run(L, True)
+    for w, g in zip(want, got):
+        for a, b in zip(w, g):
+            torch.testing.assert_close(b, a)
+    misses = [e["text"] for e in state_of(run.fn).events if e["kind"] == "guard miss"]
+    assert misses and misses[0].startswith("same "), misses
+    assert counter("capture.replays") >= 1
+
+
+def test_stores_a_later_store_overwrites_are_dropped_unless_storing_does_more():
+    """Note [Dead stores]: zero_grad's ``p.grad = None``, a plain attribute and a dict item stored twice are dropped
+    from the replay; a property's setter still runs every time."""
+    class Holder:
+        def __init__(self):
+            self.log = []
+            self.plain = 0
+
+        @property
+        def watched(self):
+            return self.log[-1] if self.log else None
+
+        @watched.setter
+        def watched(self, v):
+            self.log.append(v)
+
+    h, d = Holder(), {}
+    m = nn.Linear(3, 2).to(L)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+    def step(x):
+        opt.zero_grad()
+        loss = m(x).sum()
+        loss.backward()
+        opt.step()
+        h.plain = 1
+        h.plain = 2
+        h.watched = 1
+        h.watched = 2
+        d["k"] = 1
+        d["k"] = 2
+        return loss.detach()
+
+    f = lazy.compile(plain_copy(step))
+    for i in range(5):
+        with lazy.config.override(capture_verify=False):  # a verified replay runs the setter twice
+            f(torch.randn(4, 3).to(L))
+        assert h.log == [1, 2] * (i + 1) and h.plain == 2 and d == {"k": 2}
+    entry = state_of(f).entries[-1]
+    assert counter("capture.replays") >= 2
+    assert entry.dead_stores == 4 and "'plain'" in entry.run_source  # two grads, an attribute and an item
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Traps: state a replay must reproduce
 

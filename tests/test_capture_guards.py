@@ -130,6 +130,9 @@ CASES = [
     ("membership", [("truth", E("cmp", "in", "a", A0), True), ("truth", E("cmp", "not in", "b", A0), True)],
      [({"a": 1},), ("ab"[:1],)], [({},), ({"a": 1, "b": 2},), (None,), (3,)]),
     ("len", [("truth", E("cmp", "==", X.call(len, (A0,)), 0), True)], [({},), ([],)], [({1: 2},), (None,), (3,)]),
+    # Note [Objects reached twice]: two loads of one object
+    ("same", [("same", X.attr(A0, "a"), X.item(X.arg(1), 0))], [(Obj(a=HELD), [HELD])],
+     [(Obj(a=Obj()), [HELD]), (Obj(a=1), [1.0]), (Obj(), [HELD]), (Obj(a=HELD), [])]),
     ("other calls (residual)", [("eq", X.call(sorted, (A0,)), [1, 2])], [([2, 1],)], [([1],)]),
 ]
 

@@ -201,7 +201,7 @@ class CompiledFunction:
         policy = CapturePolicy(s, self.fullgraph)
         interp = Interpreter(policy)  # noqa: F841 -- held for the capture run
         hooks = CaptureHooks(policy)
-        pos, kw = self._boxed_arguments(bound)
+        pos, kw = self._boxed_arguments(bound, policy)
         previous = record.CAPTURE
         record.CAPTURE = hooks
         CaptureHooks.current = hooks
@@ -252,7 +252,7 @@ class CompiledFunction:
             log_topic("output_code", f"{self!r}:\n{entry.check_source}\n{entry.run_source}")
         return result.v
 
-    def _boxed_arguments(self, bound: tuple) -> Tuple[List[Box], Dict[str, Box]]:
+    def _boxed_arguments(self, bound: tuple, policy: CapturePolicy) -> Tuple[List[Box], Dict[str, Box]]:
         pos: List[Box] = []
         kw: Dict[str, Box] = {}
         params = self.signature.parameters
@@ -268,6 +268,8 @@ class CompiledFunction:
                 kw[name] = Box(value, e)
             else:
                 kw.update({k: Box(v, X.item(e, k)) for k, v in value.items()})
+        for b in pos + list(kw.values()):
+            policy.reached(b.v, b.m)
         return pos, kw
 
     def _compile(self, plan: Any) -> Any:

@@ -22,7 +22,7 @@ from .expr import E
 # The instruction set, in the order of csrc/capture_guards.cpp's enum Op.
 OPS = ("arg", "const", "attr", "item", "is", "type_is", "eq", "truth", "is_none", "len", "absent", "has_attr",
        "call_eq", "call_true", "lazy_tensor", "state", "item_reg", "host_tensor", "binary",
-       "call")
+       "call", "is_reg")
 OP = {name: i for i, name in enumerate(OPS)}
 # Python's operators the program computes, in the order of csrc/capture_guards.cpp's enum Binary (Note [Arithmetic
 # in guard programs])
@@ -96,6 +96,11 @@ class _Builder:
             return False
         if kind == "id" or kind == "eq" and isinstance(expected, torch.Tensor):
             self.emit("is", src=src, a=expected)
+        elif kind == "same":
+            other = self.load(expected)
+            if other is None:
+                return False
+            self.emit("is_reg", src=src, n=other)
         elif kind == "type":
             self.emit("type_is", src=src, a=expected)
         elif kind == "eq":

@@ -18,6 +18,8 @@ from __future__ import annotations
 import types
 from typing import Any, Dict, List, Optional
 
+import torch
+
 from .. import _C
 from ..device.tensor import LazyTensor
 from . import expr as X
@@ -69,6 +71,7 @@ class CapturePolicy(Policy):
             return
         if how == "tensor":
             self.s.guard("tensor", e, tensor_signature(v))
+            self.reached(v, e)
         elif how == "id":
             self.s.guard("id", e, v)
             self.s.remember(v)
@@ -104,7 +107,18 @@ class CapturePolicy(Policy):
         if isinstance(value, CONSTANT_TYPES):
             self.s.guard("eq" if not isinstance(value, types.CodeType) else "id", e, value)
             return Box(value)
+        self.reached(value, e)
         return Box(value, e)
+
+    def reached(self, value: Any, e: E) -> None:
+        """Note [Objects reached twice]: guard that ``e`` stays the object an earlier path reached."""
+        if isinstance(value, _SHARED_IMMUTABLE) or type(e) is not E:
+            return
+        first = self.s.paths.get(id(value))
+        if first is None:
+            self.s.paths[id(value)] = (value, e)  # held: an id must not be reused while the capture runs
+        elif first[1] != e and not _on_registers(e) and not _on_registers(first[1]):
+            self.s.guard("same", e, first[1])
 
     def held(self, t: LazyTensor) -> None:
         """``t`` existed before the call and reached a recording rule from native code that holds it, not through
@@ -147,8 +161,10 @@ class CapturePolicy(Policy):
         del frame.globals[name]
         self._effect("delitem", X.pinned(frame.globals), name, None, (id(frame.globals), name))
 
-    def _effect(self, kind: str, target: E, key: Any, value: Optional[Box], written_key: Any) -> None:
-        self.s.effects.append(Effect(kind, target, key, value))
+    def _effect(self, kind: str, target: E, key: Any, value: Optional[Box], written_key: Any,
+                obj: Any = None) -> None:
+        place = written_key if value is not None and _plain_store(kind, obj, key) else None
+        self.s.effects.append(Effect(kind, target, key, value, place))
         if value is not None:
             self.s.written[written_key] = value
         else:
@@ -205,7 +221,7 @@ class CapturePolicy(Policy):
             m.attrs[name] = value
         elif type(m) is E:
             self.need(obj, "type")
-            self._effect("setattr", m, name, value, (id(v), name))
+            self._effect("setattr", m, name, value, (id(v), name), v)
         elif not (is_tensor(v) and m is None):
             self.breaks(f"stores attribute {name!r} on a {type(v).__name__} it did not reach through its inputs")
 
@@ -279,7 +295,7 @@ class CapturePolicy(Policy):
             self.need(obj, "type")
             kexpr = self.key_of(key)
             v[key.v] = value.v
-            self._effect("setitem", m, kexpr, value, (id(v), ("item", id(key.v) if type(kexpr) is E else kexpr)))
+            self._effect("setitem", m, kexpr, value, (id(v), ("item", id(key.v) if type(kexpr) is E else kexpr)), v)
             return
         self.breaks(f"stores into a {type(v).__name__} it did not reach through its inputs")
         v[key.v] = value.v
@@ -539,6 +555,35 @@ class CapturePolicy(Policy):
     def torch_call(self, fn: Box, args: List[Box], kwargs: Dict[str, Box], recv: Optional[Box] = None) -> Box:
         from .tensors import torch_call
         return torch_call(self, fn, args, kwargs, recv)
+
+
+# Note [Objects reached twice]
+# The capture knows an object by its identity: a store through one expression (``opt.param_groups[0]["params"][0]
+# .grad = None`` in zero_grad) is what a later read through another (``model.tok.weight.grad``) sees, and a
+# storage the graph reads and updates is read and written through the first expression that reached it. A replay
+# evaluates each expression again, so it is sound only while expressions that reached one object still do: a
+# model whose parameter was replaced (``model.w = nn.Parameter(...)``) while the optimizer holds the old one would
+# have the replay update the new parameter with the old one's optimizer state. So the second expression that reaches
+# an object is guarded to be the first's object (``same``: an identity test of two loads, as Dynamo's guards on
+# duplicate inputs do); a miss recompiles. Objects that cannot hold state the capture tracks (numbers, strings,
+# tuples, functions, classes, modules) are not followed: small ints and interned strings share one id anyway.
+_SHARED_IMMUTABLE = NUMBERS + CONSTANT_TYPES + (tuple, frozenset, type, types.ModuleType, types.FunctionType,
+                                                types.BuiltinFunctionType, types.MethodType)
+
+
+def _plain_store(kind: str, obj: Any, key: Any) -> bool:
+    """Whether storing into ``obj`` at ``key`` does nothing but bind the value (Note [Dead stores] in
+    lazy/capture/replay.py): an item of a dict at a constant key; an attribute with no data descriptor on the
+    object's type but an instance dict, or a tensor's ``.grad`` (its setter only checks the value)."""
+    if kind == "setitem":
+        return type(obj) is dict and type(key) is not E
+    if kind != "setattr":
+        return False
+    if isinstance(obj, torch.Tensor):
+        return key == "grad"
+    descriptor = getattr(type(obj), key, None)
+    return hasattr(obj, "__dict__") and type(obj).__setattr__ is object.__setattr__ and \
+        not hasattr(type(descriptor), "__set__")
 
 
 def _on_registers(e: E) -> bool:

@@ -59,6 +59,9 @@ class Effect:
     target: E
     key: Any
     value: Any  # a Box (rebuilt at replay), or None for deletions
+    # (id(object), key) of a store that a later store to the same place makes dead, where storing has no effect
+    # but the value (Note [Dead stores] in lazy/capture/replay.py); None for other effects
+    place: Any = None
 
 
 @dataclasses.dataclass
@@ -83,6 +86,7 @@ class Session:
         self.keep: List[Any] = []                  # objects whose ids key the tables above: kept alive
         self.created: Dict[int, Any] = {}          # id -> shadow of objects created during the call
         self.storage_source: Dict[int, Tuple[Any, E]] = {}   # id(storage) -> (storage, expression of a tensor on it)
+        self.paths: Dict[int, Tuple[Any, E]] = {}  # id(object) -> (object, the first expression that reached it)
         self.host_leaves: Dict[int, Any] = {}      # id(data leaf) -> expression of the host tensor it snapshots
         self.seeds: List[Tuple[int, Any]] = []     # (seed, generator or None) in the order drawn
         self.broken: Optional[Break] = None
