@@ -79,7 +79,8 @@ PyMethodDef methods[] = {
     {"host_steps", FASTCALL(lazy::host_steps), METH_FASTCALL,
      "host_steps(tensors, adds, values) -> list or None: step counters updated and read (csrc/replay_io.cpp)."},
     {"replay_writes", FASTCALL(lazy::replay_writes), METH_FASTCALL,
-     "replay_writes(tensors, outs, indices): bind outs[indices[j]] to tensors[j]'s storage (csrc/replay_io.cpp)."},
+     "replay_writes(tensors, outs, indices): bind outs[indices[j]] to tensors[j]'s storage; the number of new "
+     "leaves (csrc/replay_io.cpp)."},
     {"take_buffers", FASTCALL(lazy::take_buffers), METH_FASTCALL,
      "take_buffers(allocs, spares, values, ptrs, empty): a program's fresh buffers, spares reused (csrc/outputs.cpp)."},
     {"capture_hook_supported", lazy::capture_hook_supported, METH_NOARGS,

@@ -17,8 +17,9 @@ PyObject* data_leaf_py(PyObject* self, PyObject* tensor);
 // one holds pending IR, ``miss`` if two share a storage.
 PyObject* replay_inputs(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
-// replay_writes(tensors, outs, indices): binds outs[indices[j]] as a data leaf to tensors[j]'s storage and bumps
-// its version, for each j.
+// replay_writes(tensors, outs, indices) -> int: binds outs[indices[j]] as a data leaf to tensors[j]'s storage and
+// bumps its version, for each j, keeping a leaf that already holds that tensor (Note [Rebinding written in place]);
+// returns the number of new leaves.
 PyObject* replay_writes(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 // host_steps(tensors, adds, values) -> list or None: for each j in order, tensors[j] += values[j] (adds[j] True;

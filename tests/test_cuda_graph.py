@@ -116,6 +116,36 @@ def test_ir_recorded_between_replays_keeps_the_values_it_read():
 
 
 @cuda_only
+def test_new_gradients_reuse_dead_copies_and_held_ones_keep_their_values():
+    """Note [CUDA-graph replay]: the gradients a step leaves are copied out of the graph into the copies of two steps
+    before where nothing references them any more; one the caller holds keeps its values."""
+    torch.manual_seed(0)
+    w0 = torch.randn(16, 16)
+    xs = [torch.randn(8, 16) for _ in range(8)]
+    w = w0.to("lazy").requires_grad_()
+
+    @lazy.compile(mode="reduce-overhead")
+    def step(x):
+        w.grad = None
+        (x @ w).square().mean().backward()
+
+    held = None
+    for i, x in enumerate(xs):
+        step(x.to("lazy"))
+        if i == 4:
+            held = w.grad
+    assert metrics.counter("cuda_graph.replays") >= 4 and metrics.counter("cuda_graph.reused_outputs") >= 1
+
+    def grad_of(x):
+        v = w0.to(DEVICE).requires_grad_()
+        (x.to(DEVICE) @ v).square().mean().backward()
+        return v.grad.cpu()
+
+    torch.testing.assert_close(held.cpu(), grad_of(xs[4]))
+    torch.testing.assert_close(w.grad.cpu(), grad_of(xs[-1]))
+
+
+@cuda_only
 def test_returned_tensors_outlive_the_next_replay():
     @lazy.compile(mode="reduce-overhead")
     def f(x, a):
@@ -173,12 +203,15 @@ def test_a_replay_overwrites_static_memory_only_when_nothing_else_reads_it():
     lazy.mark_step()
 
     def bind(out):  # what a replay's writes do (lazy/capture/replay.py's _write_bound)
-        lazy._C.replay_writes((p,), [out], (0,))
-        graphed.bound((p,), [out], (0,))
+        if lazy._C.replay_writes((p,), [out], (0,)):
+            graphed.bound((p,), [out], (0,))
 
     bind(static)
     assert graphed._overwritable()  # bound to its storage only
-    bind(static)
+    leaf, version = p._lz_st.value, p._lz_st.version
+    bind(static)  # written in place again: the same leaf, a new version (Note [Rebinding written in place])
+    assert p._lz_st.value is leaf and p._lz_st.version == version + 1 and len(graphed.outstanding) == 1
+    del leaf
     reader = p * 2  # recorded, not run: it reads the leaf over static memory
     assert not graphed._overwritable()
     del reader

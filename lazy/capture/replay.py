@@ -112,9 +112,10 @@ def _storage_inputs(tensors: tuple) -> list:
 
 
 def _write_bound(program: Any, tensors: tuple, outs: list, indices: tuple) -> None:
-    """``replay_writes`` for a program that keeps what it binds (a CUDA graph's static memory)."""
-    _C.replay_writes(tensors, outs, indices)
-    program.bound(tensors, outs, indices)
+    """``replay_writes`` for a program that keeps what it binds (a CUDA graph's static memory): it learns of the
+    new leaves (none where every write was in place: Note [Rebinding written in place] in csrc/replay_io.cpp)."""
+    if _C.replay_writes(tensors, outs, indices):
+        program.bound(tensors, outs, indices)
 
 
 class _Consumed(torch.autograd.Function):

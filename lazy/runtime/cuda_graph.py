@@ -11,8 +11,12 @@ arguments, which decides the rest:
 - **Scalars** change between runs, so the program reads them from device memory (Note [Scalars in device memory] in
   runtime/triton.py), loaded before each replay. Extern calls take Python numbers: the graph is recaptured when one
   of theirs changes (at most ``MAX_RECAPTURES`` times; then the program runs without a graph).
-- **Outputs**: tensors the call creates (its return value) are cloned out of the graph's memory, which the next
-  replay overwrites; storages it updates are bound to the static memory directly.
+- **Outputs**: tensors the call creates (its return value, a step's new gradients) are copied out of the graph's
+  memory, which the next replay overwrites, in one multi-tensor copy into the copies of two runs before where
+  nothing references them any more (Note [Reused outputs] in runtime/spares.py: a ``torch.empty`` each cost a GPT
+  step 0.3 ms of host time), else into fresh tensors; storages it updates are bound to the static memory directly,
+  and a replay that writes into the buffer a storage's leaf already holds keeps the leaf (Note [Rebinding written
+  in place] in csrc/replay_io.cpp).
 - **Soundness of writing in place.** A replay overwrites the static buffers, so it must not happen while anything
   else still reads the values bound to them: lazy IR recorded between two calls (``ema = 0.9 * ema + p``, unsynced)
   holds the data leaf that the last replay bound to the storage. Each leaf bound to static memory is remembered with
@@ -42,6 +46,7 @@ as above, because the capture knows which inputs its outputs update.
 """
 from __future__ import annotations
 
+import ctypes
 import sys
 import threading
 import weakref
@@ -49,6 +54,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
+from .. import _C
 from ..config import config
 from ..debug import metrics
 from ..debug.log import log
@@ -98,6 +104,11 @@ class GraphedProgram:
         self.created: List[int] = []
         self.created_static: List[torch.Tensor] = []
         self.recaptures = 0
+        self.created_allocs: Optional[tuple] = None
+        self.created_spares: List[list] = []
+        self.created_ptrs: Any = None
+        device = getattr(program, "device", None)
+        self.empty = lambda shape, dtype: torch.empty(shape, dtype=dtype, device=device)
         self.disabled = ungraphable(program)
         self.lock = threading.Lock()  # one run at a time (Note [CUDA graphs for cached programs])
 
@@ -107,25 +118,33 @@ class GraphedProgram:
     # ---- binding outputs (lazy/capture/replay.py) ----
 
     def bound(self, tensors: tuple, outs: List[torch.Tensor], indices: tuple) -> None:
-        """Remember the data leaves just bound to the storages of ``tensors`` (``outs[indices[j]]``, as
-        ``_C.replay_writes`` binds them) that hold static memory."""
+        """Remember the data leaves bound to the storages of ``tensors`` (``outs[indices[j]]``, as
+        ``_C.replay_writes`` binds them) that hold static memory, once each."""
         static, candidates = self.static_ids, self.static_outputs
+        known = {id(leaf) for _, leaf in self.outstanding}
         for t, i in zip(tensors, indices):
             if i in candidates and id(outs[i]) in static:
                 st = t._lz_st
-                self.outstanding.append((st, st.value))
+                if id(st.value) not in known:
+                    self.outstanding.append((st, st.value))
 
     def _overwritable(self) -> bool:
-        """Whether no leaf bound to static memory is referenced beyond its storage (Note [CUDA-graph replay])."""
+        """Whether no leaf bound to static memory is referenced beyond its storage (Note [CUDA-graph replay]).
+        Leaves still bound stay remembered: a replay writes into them again (Note [Rebinding written in place] in
+        csrc/replay_io.cpp)."""
         keep = []
+        safe = True
         for pair in self.outstanding:
             st, leaf = pair
+            held = st.value is leaf
             # references: the pair, the loop variable, getrefcount's argument, and the storage's value if bound
-            extra = sys.getrefcount(leaf) - 3 - (st.value is leaf)
-            if extra > 0:
+            if sys.getrefcount(leaf) - 3 - held > 0:
+                safe = False
+                keep.append(pair)
+            elif held:
                 keep.append(pair)
         self.outstanding = keep
-        return not keep
+        return safe
 
     # ---- running ----
 
@@ -195,7 +214,15 @@ class GraphedProgram:
         created = self.created
         if created:  # copied out of the graph's memory in one multi-tensor launch (a step's new .grad tensors)
             static = self.created_static
-            fresh = [torch.empty_like(o) for o in static]
+            if self.created_allocs is not None:  # into outputs of earlier runs nothing sees any more
+                fresh = [None] * len(static)
+                spares = self.created_spares if config.spare_bytes > 0 else None
+                reused = _C.take_buffers(self.created_allocs, spares, fresh, ctypes.addressof(self.created_ptrs),
+                                         self.empty)
+                if reused:
+                    metrics.bump("cuda_graph.reused_outputs", reused)
+            else:
+                fresh = [torch.empty_like(o) for o in static]
             torch._foreach_copy_(fresh, static)
             for i, t in zip(created, fresh):
                 out[i] = t
@@ -235,6 +262,11 @@ class GraphedProgram:
                              None for i, o in enumerate(outs)]
         self.created = [i for i, o in enumerate(self.out_template) if o is None]
         self.created_static = [outs[i] for i in self.created]
+        # Note [Reused outputs] (runtime/spares.py) for the copies out: contiguous ones only, as spares are
+        self.created_allocs = tuple((k, tuple(o.shape), o.dtype) for k, o in enumerate(self.created_static)) \
+            if all(o.is_contiguous() for o in self.created_static) else None
+        self.created_spares = [[] for _ in self.created]
+        self.created_ptrs = (ctypes.c_void_p * max(1, len(self.created)))()
         self.static_ids = {id(t) for t in self.static_in} | {id(o) for o in outs}
         metrics.bump("cuda_graph.captures")
 

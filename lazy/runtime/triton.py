@@ -47,6 +47,7 @@ Python numbers (a graph replay checks they are unchanged).
 """
 from __future__ import annotations
 
+import operator
 import os
 import struct
 import time
@@ -252,6 +253,9 @@ class Program:
         if nf + ni == 0:  # only extern calls take scalars: nothing to load
             return
         self._pack = struct.Struct(f"<{nf}d{ni}q")
+        # each slot's scalar in one C call; an alignment pad reads the 0 appended past the scalars
+        self._gather = operator.itemgetter(*[n if s is None else s for s in self._float_slots + self._int_slots],
+                                           n)
         self._scal = torch.zeros(nf + ni, dtype=torch.int64, device=self.device)
         sf, si = self._scal[:nf].view(torch.float64), self._scal[nf:]
         self._scalar_args = [[buf[at[f]:] for buf, f in ((sf, True), (si, False)) if f in launch.floats]
@@ -261,8 +265,11 @@ class Program:
         """Copy the runtime scalars to the device buffers (Note [Scalars in device memory]); stream-ordered."""
         if self._scal is None:
             return
-        host = bytearray(self._pack.pack(*[0.0 if s is None else float(scalars[s]) for s in self._float_slots],
-                                         *[0 if s is None else int(scalars[s]) for s in self._int_slots]))
+        try:
+            host = bytearray(self._pack.pack(*self._gather((*scalars, 0))[:-1]))
+        except struct.error:  # a number of another type than its slot's (an integral float in an int64 slot)
+            host = bytearray(self._pack.pack(*[0.0 if s is None else float(scalars[s]) for s in self._float_slots],
+                                             *[0 if s is None else int(scalars[s]) for s in self._int_slots]))
         self._scal.view(torch.uint8).copy_(torch.frombuffer(host, dtype=torch.uint8), non_blocking=True)
 
     def ready(self) -> bool:
