@@ -79,6 +79,7 @@ struct GuardProgram {
   std::vector<Ins>* code;
   int nregs;
   PyTypeObject* lazy_type;  // strong reference
+  std::vector<int>* outputs;  // a load program's registers to return (Note [Replay loads in C]); null for guards
 };
 
 PyObject* s_lz_desc = nullptr;
@@ -335,7 +336,9 @@ int step(const Ins& ins, PyObject** r, PyObject* A, PyTypeObject* lazy_type) {
   }
 }
 
-bool run(GuardProgram* self, PyObject* A) {
+// Runs the program on A: a guard program's answer (Py_True / Py_False), or a load program's tuple of its output
+// registers (NULL with an error set where a load raised or found nothing).
+PyObject* run(GuardProgram* self, PyObject* A) {
   PyObject* stack_regs[32];
   std::vector<PyObject*> heap_regs;
   PyObject** r = stack_regs;
@@ -351,9 +354,21 @@ bool run(GuardProgram* self, PyObject* A) {
       break;
     }
   }
-  if (!ok && PyErr_Occurred()) PyErr_Clear();  // a guard that raises does not hold (the Python check's except)
+  PyObject* result;
+  if (self->outputs == nullptr) {
+    if (!ok && PyErr_Occurred()) PyErr_Clear();  // a guard that raises does not hold (the Python check's except)
+    result = Py_NewRef(ok ? Py_True : Py_False);
+  } else if (!ok) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_LookupError, "lazy: a replay could not read the state it reads");
+    result = nullptr;
+  } else {
+    result = PyTuple_New(static_cast<Py_ssize_t>(self->outputs->size()));
+    for (size_t k = 0; result != nullptr && k < self->outputs->size(); ++k) {
+      PyTuple_SET_ITEM(result, static_cast<Py_ssize_t>(k), Py_NewRef(r[(*self->outputs)[k]]));
+    }
+  }
   for (int i = 0; i < self->nregs; ++i) Py_XDECREF(r[i]);
-  return ok;
+  return result;
 }
 
 PyObject* program_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
@@ -361,7 +376,7 @@ PyObject* program_vectorcall(PyObject* self, PyObject* const* args, size_t nargs
     PyErr_SetString(PyExc_TypeError, "a guard program takes the bound arguments, a tuple");
     return nullptr;
   }
-  return PyBool_FromLong(run(reinterpret_cast<GuardProgram*>(self), args[0]));
+  return run(reinterpret_cast<GuardProgram*>(self), args[0]);
 }
 
 void program_dealloc(PyObject* self) {
@@ -373,6 +388,7 @@ void program_dealloc(PyObject* self) {
     }
     delete p->code;
   }
+  delete p->outputs;
   Py_XDECREF(reinterpret_cast<PyObject*>(p->lazy_type));
   Py_TYPE(self)->tp_free(self);
 }
@@ -417,10 +433,10 @@ bool init_guard_types() {
 }
 
 PyObject* guard_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 4 || !PyList_Check(args[0]) || !PyLong_Check(args[1]) || !PyType_Check(args[2]) ||
-      !PyType_Check(args[3])) {
-    PyErr_SetString(PyExc_TypeError,
-                    "guard_program(instructions: list, nregs: int, lazy_type: type, module_type: type)");
+  if ((nargs != 4 && nargs != 5) || !PyList_Check(args[0]) || !PyLong_Check(args[1]) || !PyType_Check(args[2]) ||
+      !PyType_Check(args[3]) || (nargs == 5 && !PyTuple_Check(args[4]))) {
+    PyErr_SetString(PyExc_TypeError, "guard_program(instructions: list, nregs: int, lazy_type: type, "
+                                     "module_type: type[, outputs: tuple of registers])");
     return nullptr;
   }
   if (s_module_getattr == nullptr) {  // Note [Module attributes in guard programs]
@@ -465,8 +481,31 @@ PyObject* guard_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     ins.b = Py_NewRef(b);
     code->push_back(ins);
   }
+  std::vector<int>* outputs = nullptr;
+  if (nargs == 5) {  // a load program (Note [Replay loads in C])
+    outputs = new std::vector<int>();
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(args[4]); ++k) {
+      long reg = PyLong_AsLong(PyTuple_GET_ITEM(args[4], k));
+      if (reg < 0 || reg >= nregs) {
+        delete outputs;
+        outputs = nullptr;
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "guard_program: an output register out of range");
+        break;
+      }
+      outputs->push_back(static_cast<int>(reg));
+    }
+    if (outputs == nullptr) {
+      for (Ins& done : *code) {
+        Py_XDECREF(done.a);
+        Py_XDECREF(done.b);
+      }
+      delete code;
+      return nullptr;
+    }
+  }
   auto* p = PyObject_New(GuardProgram, &GuardProgramType);
   if (p == nullptr) {
+    delete outputs;
     for (Ins& done : *code) {
       Py_XDECREF(done.a);
       Py_XDECREF(done.b);
@@ -478,6 +517,7 @@ PyObject* guard_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   p->code = code;
   p->nregs = static_cast<int>(nregs);
   p->lazy_type = reinterpret_cast<PyTypeObject*>(Py_NewRef(args[2]));
+  p->outputs = outputs;
   return reinterpret_cast<PyObject*>(p);
 }
 

@@ -9,8 +9,10 @@ namespace lazy {
 // Readies the GuardProgram type; false with a Python error set on failure.
 bool init_guard_types();
 
-// guard_program(instructions, nregs, lazy_type, module_type) -> GuardProgram: ``instructions`` a list of (op, dst, src, n, a, b)
-// (Note [Guard programs]); the program called on the bound arguments returns whether every guard holds.
+// guard_program(instructions, nregs, lazy_type, module_type[, outputs]) -> GuardProgram: ``instructions`` a list of
+// (op, dst, src, n, a, b) (Note [Guard programs]); the program called on the bound arguments returns whether every
+// guard holds, or, given ``outputs`` (register indices), the tuple of those registers' values: a replay's loads
+// (Note [Replay loads in C]).
 PyObject* guard_program(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 }  // namespace lazy

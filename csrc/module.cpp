@@ -55,6 +55,8 @@ PyMethodDef methods[] = {
      "linearize(roots) -> (order, outputs, key, leaves, scalars): see lazy/ir/graph.py."},
     {"new_tensor", FASTCALL(lazy::new_tensor), METH_FASTCALL,
      "new_tensor(desc, value, numel): a new lazy tensor owning a new storage of value (lazy/device/tensor.py)."},
+    {"new_tensors", FASTCALL(lazy::new_tensors), METH_FASTCALL,
+     "new_tensors(descs, outs, indices, numels): new lazy tensors over data leaves of outs[indices[j]]."},
     {"pack_scalars", FASTCALL(lazy::pack_scalars), METH_FASTCALL,
      "pack_scalars(scalars, doubles, int64s): a graph's runtime scalars as its kernels read them."},
     {"make_runner", FASTCALL(lazy::make_runner), METH_FASTCALL,
@@ -72,7 +74,8 @@ PyMethodDef methods[] = {
     {"next_node_serial", next_node_serial, METH_NOARGS, "The serial the next Node will get."},
     {"signatures", signatures, METH_NOARGS, "The table of interned node signatures."},
     {"guard_program", FASTCALL(lazy::guard_program), METH_FASTCALL,
-     "guard_program(instructions, nregs, lazy_type, module_type): an entry's guards as a C program (csrc/capture_guards.cpp)."},
+     "guard_program(instructions, nregs, lazy_type, module_type[, outputs]): an entry's guards, or a replay's loads, "
+     "as a C program (csrc/capture_guards.cpp)."},
     {"data_leaf", lazy::data_leaf_py, METH_O, "data_leaf(tensor): a data leaf Node holding tensor (csrc/replay_io.cpp)."},
     {"replay_inputs", FASTCALL(lazy::replay_inputs), METH_FASTCALL,
      "replay_inputs(tensors, pending, miss) -> the data of each lazy tensor's storage (csrc/replay_io.cpp)."},

@@ -112,6 +112,7 @@ def test_training_step_replays_as_eager(kind, opt_name, cpu_backing):
     assert got[2] == want[2] and got[3] == want[3]
     if opt_name == "adamw":  # its step counters: Note [Host step counters in C] (csrc/replay_io.cpp)
         assert any("_host_steps(" in entry.run_source for entry in fn.entries)
+    assert all("= _loads(A)" in entry.run_source for entry in fn.entries)  # Note [Replay loads in C]
 
 
 def test_host_step_counters_in_c_equal_torch():

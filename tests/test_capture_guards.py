@@ -240,3 +240,23 @@ def test_captured_entries_agree_on_perturbed_calls():
         assert answers[0] == (True, True) and sum(c for c, _ in answers) >= 2  # the base call and a runtime scalar
         assert not entry.check(base)  # grad mode differs from the capture's
     lazy.compile.reset()
+
+
+def test_load_programs_return_what_python_reads():
+    """Note [Replay loads in C]: a replay's loads as a program of the guard instructions give what Python's reads
+    give (modules' attributes included); an expression they cannot load is left to Python; a load that finds
+    nothing raises."""
+    from lazy.capture.guards import compile_loads
+
+    state = {NET.lin: {"step": 3}}
+    exprs = [attrs("lin", "weight"), attrs("doubled"), X.item(X.item(X.arg(1), attrs("lin")), "step"),
+             X.binary("+", attrs("scale"), 1), X.call(sorted, (X.arg(2),)), X.attr(X.pinned(HELD), "a")]
+    program, which = compile_loads(exprs)
+    assert which == [0, 1, 2, 3, 5]  # sorted() is no load
+    assert program((NET, state, [2, 1])) == (NET.lin.weight, 4, 3, 3, 1)
+    with pytest.raises(AttributeError):
+        program((SHADOWED, state, []))  # its instance attribute "lin", a string, found first as Python finds it
+    with pytest.raises(AttributeError):
+        program((EMPTY_NET, state, []))
+    with pytest.raises(LookupError):
+        program((NET, {}, []))

@@ -157,6 +157,26 @@ def compile_guards(state: tuple, guards: List[Guard], state_calls: tuple, keys_s
     return _C.guard_program(b.code, regs, LazyTensor, torch.nn.Module), residual
 
 
+def compile_loads(exprs: List[E]) -> Tuple[Any, List[int]]:
+    """Note [Replay loads in C]: (program, which): a program returning, as a tuple, the values of those of ``exprs``
+    the guard instructions can load (positions ``which``), or (None, []) if none can."""
+    b = _Builder()
+    outputs, which = [], []
+    for k, e in enumerate(exprs):
+        mark, regs = len(b.code), dict(b.regs)
+        r = b.load(e)
+        if r is None:
+            del b.code[mark:]
+            b.regs = regs
+            continue
+        outputs.append(r)
+        which.append(k)
+    if not which:
+        return None, []
+    nregs = 1 + max(ins[1] for ins in b.code)
+    return _C.guard_program(b.code, nregs, LazyTensor, torch.nn.Module, tuple(outputs)), which
+
+
 def tensor_signature(t: Any) -> tuple:
     """What a guard on a tensor compares: the metadata the recorded graph depends on."""
     if isinstance(t, LazyTensor):

@@ -19,12 +19,11 @@ import torch
 from .. import _C
 from ..config import config
 from ..device.backing import to_backing
-from ..ir.node import data_leaf
 from ..sync import launch
 from . import expr as X
 from .expr import E, Renderer, compile_function
 from .finalize import Plan
-from .guards import compile_guards, tensor_signature
+from .guards import compile_guards, compile_loads, tensor_signature
 from .interpreter import Box
 from .boxes import New, is_lazy
 from .session import Session
@@ -253,10 +252,15 @@ class Entry:
                 body.append(f"_write_bound({r.const(self.program)}, {targets}, O, {indices})"
                             if hasattr(self.program, "bound") else f"_write_all({targets}, O, {indices})")
         made: Dict[int, str] = {}
-        for tid, (i, desc, numel) in (plan.created or {}).items():
-            name = f"T{i}"
-            made[tid] = name
-            body.append(f"{name} = _new({r.const(desc)}, _leaf(O[{i}]), {numel})")
+        created = list((plan.created or {}).items())
+        for tid, (i, desc, numel) in created:
+            made[tid] = f"T{i}"
+        if created:  # in one C call
+            names = "".join(f"T{i}, " for _, (i, _, _) in created)
+            descs = r.const(tuple(desc for _, (_, desc, _) in created))
+            indices = r.const(tuple(i for _, (i, _, _) in created))
+            numels = r.const(tuple(numel for _, (_, _, numel) in created))
+            body.append(f"({names}) = _new_tensors({descs}, O, {indices}, {numels})")
         # Every value is computed before the first store: the expressions read the state as the call found it
         # (reads after the function's own stores were resolved at capture), which the stores change.
         renderer = _Values(r, made, plan, breaks)
@@ -274,12 +278,33 @@ class Entry:
         body.append(f"result = {renderer.value(plan.result)}")
         body.extend(stores)
         body.append("return result")
-        fn = compile_function("replay", "A", r.preamble + body, r.consts)
+        preamble, loads = _loads_in_c(r)
+        fn = compile_function("replay", "A", preamble + body, r.consts)
         fn.__globals__.update(_host_steps=_C.host_steps, _storage_inputs=_storage_inputs, _snapshot=to_backing,
-                              _write_all=_C.replay_writes, _write_bound=_write_bound, _new=_C.new_tensor,
-                              _leaf=data_leaf, _consumed=_consumed)
+                              _write_all=_C.replay_writes, _write_bound=_write_bound,
+                              _new_tensors=_C.new_tensors, _consumed=_consumed, _loads=loads)
         self.run_source = fn.__lazy_source__
         return fn
+
+
+def _loads_in_c(r: Renderer) -> tuple:
+    """Note [Replay loads in C]
+    A replay first reads the state it works on: a GPT step's 440 shared temporaries (modules, parameters, the
+    optimizer's state dicts), each a Python line, and a module's submodules and parameters through
+    ``Module.__getattr__``, a Python function (~0.5 us a call): a fifth of the replay's host time on a GPU. The
+    temporaries that are chains of loads run instead as one program of the guard instructions (csrc/
+    capture_guards.cpp, the lookup a guard makes, nn.Module's included), which returns their values as a tuple;
+    the others (calls) stay Python lines after it. A load program that cannot read a value raises as the Python
+    line would (the guards just read the same state)."""
+    names = {e: name for e, name in r.temps.items()}
+    exprs = list(names)
+    program, which = compile_loads(exprs)
+    if program is None:
+        return r.preamble, None
+    moved = [names[exprs[k]] for k in which]
+    gone = set(moved)
+    rest = [line for line in r.preamble if line.split(" = ", 1)[0] not in gone]
+    return [f"({', '.join(moved)},) = _loads(A)"] + rest, program
 
 
 def _dead_stores(s: Session) -> set:
