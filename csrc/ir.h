@@ -24,6 +24,8 @@ struct NodeObject {
   PyObject* data;
   PyObject* sig;
   long long serial;  // creation order (capture attributes each node to the call that recorded it)
+  long long walk;    // the last linearize that reached this node (Note [Marks of a walk] in graph.cpp)
+  long long walk_pos;  // its position in that walk's order
 };
 
 struct StorageObject {
