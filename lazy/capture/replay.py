@@ -170,6 +170,8 @@ class Entry:
         plain.consts = r.consts
         plain._const_at = r._const_at
         self._terms = [terms[0]] + [_guard(plain, kind, e, expected) for (kind, e), expected in s.guards.items()]
+        # each guarded value as source over the same constants (repr(e) numbers its constants on its own)
+        self._values = ["_global_state()"] + [plain.expr(e) for (kind, e) in s.guards]
         self._consts = r.consts
         return fn
 
@@ -187,13 +189,13 @@ class Entry:
     def failures(self, A: tuple) -> List[str]:
         """The guards ``A`` fails, each as "kind expression: expected ..., now ..." (for recompile reasons)."""
         out = []
-        for (kind, text, expected), term in zip(self.guards, self._terms):
+        for (kind, text, expected), term, value in zip(self.guards, self._terms, self._values):
             fn = compile_function("one", "A", ["try:", f"    return {term}", "except Exception as e:",
                                                "    return e"], self._consts)
             fn.__globals__.update(_GUARD_HELPERS)
             ok = fn(A)
             if ok is not True:
-                now = _describe_now(text, A, self._consts) if not isinstance(ok, Exception) else f"raised {ok!r}"
+                now = _describe_now(value, A, self._consts) if not isinstance(ok, Exception) else f"raised {ok!r}"
                 out.append(f"{kind} {text}: expected {expected!r}, now {now}")
         return out
 
