@@ -344,6 +344,7 @@ def test_one_object_reached_along_two_paths_is_guarded(change):
             torch.testing.assert_close(b, a)
     misses = [e["text"] for e in state_of(run.fn).events if e["kind"] == "guard miss"]
     assert misses and misses[0].startswith("same "), misses
+    assert not any("unreadable" in m for m in misses), misses  # each reason reads the value it names
     assert counter("capture.replays") >= 1
 
 
