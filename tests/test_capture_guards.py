@@ -55,6 +55,9 @@ class Net(torch.nn.Module):
     def doubled(self):
         return self.scale * 2
 
+    def forward(self, x):
+        return x
+
 
 class Forwarding(torch.nn.Module):  # its own __getattr__: the generic lookup
     def __init__(self):
@@ -63,6 +66,9 @@ class Forwarding(torch.nn.Module):  # its own __getattr__: the generic lookup
 
     def __getattr__(self, name):
         return "forwarded" if name == "magic" else super().__getattr__(name)
+
+    def forward(self, x):
+        return -x
 
 
 NET = Net()
@@ -73,6 +79,23 @@ RENAMED._parameters["scale2"] = RENAMED.lin.weight
 EMPTY_NET = Net()
 del EMPTY_NET.lin
 FORWARDING = Forwarding()
+PATCHED = Net()
+PATCHED.forward = lambda *a: None  # an instance attribute: no __func__
+REBOUND = Net()
+REBOUND.forward = Net.forward.__get__(REBOUND)  # a bound method in the instance dict: its __func__ is still Net's
+
+
+class Intercepting(Net):
+    def __getattribute__(self, name):
+        if name == "forward" and object.__getattribute__(self, "other"):
+            return Forwarding.forward.__get__(self)
+        return super().__getattribute__(name)
+
+
+GETATTRIBUTE = Intercepting()
+GETATTRIBUTE.other = False
+GETATTRIBUTE_OTHER = Intercepting()
+GETATTRIBUTE_OTHER.other = True
 
 
 def attrs(*names):
@@ -133,6 +156,13 @@ CASES = [
     # Note [Objects reached twice]: two loads of one object
     ("same", [("same", X.attr(A0, "a"), X.item(X.arg(1), 0))], [(Obj(a=HELD), [HELD])],
      [(Obj(a=Obj()), [HELD]), (Obj(a=1), [1.0]), (Obj(), [HELD]), (Obj(a=HELD), [])]),
+    # Note [Method guards]: a method's function read without binding it, and the cases that bind it
+    ("method", [("id", X.attr(attrs("forward"), "__func__"), Net.forward)],
+     [(NET,), (SHADOWED,)], [(FORWARDING,), (PATCHED,), (torch.nn.Linear(2, 2),), (Obj(),)]),
+    ("method shadowed by a bound method", [("id", X.attr(attrs("forward"), "__func__"), Net.forward)],
+     [(REBOUND,)], []),
+    ("method of a class with its own __getattribute__", [("id", X.attr(attrs("forward"), "__func__"), Net.forward)],
+     [(GETATTRIBUTE,)], [(GETATTRIBUTE_OTHER,)]),
     ("other calls (residual)", [("eq", X.call(sorted, (A0,)), [1, 2])], [([2, 1],)], [([1],)]),
 ]
 

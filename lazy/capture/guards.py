@@ -11,6 +11,7 @@ them to it, guard kind by guard kind).
 from __future__ import annotations
 
 import sys
+import types
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -22,7 +23,7 @@ from .expr import E
 # The instruction set, in the order of csrc/capture_guards.cpp's enum Op.
 OPS = ("arg", "const", "attr", "item", "is", "type_is", "eq", "truth", "is_none", "len", "absent", "has_attr",
        "call_eq", "call_true", "lazy_tensor", "state", "item_reg", "host_tensor", "binary",
-       "call", "is_reg")
+       "call", "is_reg", "method_is")
 OP = {name: i for i, name in enumerate(OPS)}
 # Python's operators the program computes, in the order of csrc/capture_guards.cpp's enum Binary (Note [Arithmetic
 # in guard programs])
@@ -91,6 +92,13 @@ class _Builder:
         return self.load(x if type(x) is E else E("obj", x))
 
     def guard(self, kind: str, e: E, expected: Any, keys_same: Any, tensor_signature: Any) -> bool:
+        if kind == "id" and isinstance(expected, types.FunctionType) and e.op == "attr" and e.args[1] == "__func__" \
+                and type(e.args[0]) is E and e.args[0].op == "attr":  # Note [Method guards] (capture_guards.cpp)
+            obj = self.load(e.args[0].args[0])
+            if obj is None:
+                return False
+            self.emit("method_is", src=obj, a=sys.intern(e.args[0].args[1]), b=expected)
+            return True
         src = self.load(e)
         if src is None:
             return False
