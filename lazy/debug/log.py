@@ -32,12 +32,23 @@ def log_topic(topic: str, message: str) -> None:
         print(f"[lazy:{topic}] {message}", file=sys.stderr)
 
 
+_LIBRARY_FILES: dict = {}  # co_filename -> whether it is lazy's, torch's or frozen (every sync asks: no abspath each)
+
+
+def _library_file(name: str) -> bool:
+    known = _LIBRARY_FILES.get(name)
+    if known is None:
+        path = os.path.abspath(name)
+        known = _LIBRARY_FILES[name] = path.startswith(_HERE) or path.startswith(_TORCH) or "<frozen" in path
+    return known
+
+
 def user_frame() -> str:
     """``file:line (function)`` of the first caller outside lazy/ and torch/: where the user caused this."""
     frame = sys._getframe(1)
     while frame is not None:
-        path = os.path.abspath(frame.f_code.co_filename)
-        if not (path.startswith(_HERE) or path.startswith(_TORCH) or "<frozen" in path):
-            return f"{frame.f_code.co_filename}:{frame.f_lineno} ({frame.f_code.co_name})"
+        code = frame.f_code
+        if not _library_file(code.co_filename):
+            return f"{code.co_filename}:{frame.f_lineno} ({code.co_name})"
         frame = frame.f_back
     return "<unknown>"
