@@ -55,6 +55,8 @@ PyMethodDef methods[] = {
      "linearize(roots) -> (order, outputs, key, leaves, scalars): see lazy/ir/graph.py."},
     {"new_tensor", FASTCALL(lazy::new_tensor), METH_FASTCALL,
      "new_tensor(desc, value, numel): a new lazy tensor owning a new storage of value (lazy/device/tensor.py)."},
+    {"leaves_unshared", lazy::leaves_unshared, METH_O,
+     "leaves_unshared(pairs) -> (safe, keep): the reference check of a CUDA-graph replay (csrc/replay_io.cpp)."},
     {"new_tensors", FASTCALL(lazy::new_tensors), METH_FASTCALL,
      "new_tensors(descs, outs, indices, numels): new lazy tensors over data leaves of outs[indices[j]]."},
     {"pack_scalars", FASTCALL(lazy::pack_scalars), METH_FASTCALL,

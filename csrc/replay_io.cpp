@@ -156,6 +156,37 @@ PyObject* replay_writes(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // GPT step, a fifth of its replay's host time). It is sound because the replay ran only after checking that no
 // other IR holds that leaf (GraphedProgram._overwritable): nothing saw the values it held before.
 
+PyObject* leaves_unshared(PyObject*, PyObject* pairs) {
+  if (!PyList_Check(pairs)) {
+    PyErr_SetString(PyExc_TypeError, "leaves_unshared(pairs: list of (storage, leaf))");
+    return nullptr;
+  }
+  PyObject* keep = PyList_New(0);
+  if (keep == nullptr) return nullptr;
+  bool safe = true;
+  for (Py_ssize_t k = 0; k < PyList_GET_SIZE(pairs); ++k) {
+    PyObject* pair = PyList_GET_ITEM(pairs, k);
+    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || Py_TYPE(PyTuple_GET_ITEM(pair, 0)) != &StorageType) {
+      Py_DECREF(keep);
+      PyErr_SetString(PyExc_TypeError, "leaves_unshared: a pair is not (storage, leaf)");
+      return nullptr;
+    }
+    auto* st = reinterpret_cast<StorageObject*>(PyTuple_GET_ITEM(pair, 0));
+    PyObject* leaf = PyTuple_GET_ITEM(pair, 1);
+    const bool held = st->value == leaf;
+    // references: the pair's, and the storage's value while bound; any other is a reader
+    const bool shared = Py_REFCNT(leaf) - 1 - (held ? 1 : 0) > 0;
+    if (shared) safe = false;
+    if ((shared || held) && PyList_Append(keep, pair) != 0) {
+      Py_DECREF(keep);
+      return nullptr;
+    }
+  }
+  PyObject* result = PyTuple_Pack(2, safe ? Py_True : Py_False, keep);
+  Py_DECREF(keep);
+  return result;
+}
+
 // Note [Host step counters in C]
 // Adam and AdamW (capturable=False, the default) keep each parameter's step count in a cpu tensor and run
 // ``step_t += 1`` and ``step_t.item()`` per parameter each step; a replay runs them again as host ops, about 4 us

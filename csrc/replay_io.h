@@ -22,6 +22,11 @@ PyObject* replay_inputs(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 // returns the number of new leaves.
 PyObject* replay_writes(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
+// leaves_unshared(pairs) -> (safe, keep): for the (storage, data leaf) pairs a CUDA-graph program bound to its
+// static memory (runtime/cuda_graph.py's GraphedProgram._overwritable), whether none is referenced beyond the pair
+// and its storage, and the pairs to remember: those still bound or still referenced.
+PyObject* leaves_unshared(PyObject* self, PyObject* pairs);
+
 // host_steps(tensors, adds, values) -> list or None: for each j in order, tensors[j] += values[j] (adds[j] True;
 // the tensor is the result) or tensors[j].item(); None, having done nothing, unless every tensor is a host step
 // counter it can update (Note [Host step counters in C] in replay_io.cpp).

@@ -47,7 +47,6 @@ as above, because the capture knows which inputs its outputs update.
 from __future__ import annotations
 
 import ctypes
-import sys
 import threading
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
@@ -132,18 +131,7 @@ class GraphedProgram:
         """Whether no leaf bound to static memory is referenced beyond its storage (Note [CUDA-graph replay]).
         Leaves still bound stay remembered: a replay writes into them again (Note [Rebinding written in place] in
         csrc/replay_io.cpp)."""
-        keep = []
-        safe = True
-        for pair in self.outstanding:
-            st, leaf = pair
-            held = st.value is leaf
-            # references: the pair, the loop variable, getrefcount's argument, and the storage's value if bound
-            if sys.getrefcount(leaf) - 3 - held > 0:
-                safe = False
-                keep.append(pair)
-            elif held:
-                keep.append(pair)
-        self.outstanding = keep
+        safe, self.outstanding = _C.leaves_unshared(self.outstanding)
         return safe
 
     # ---- running ----
