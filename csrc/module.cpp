@@ -55,6 +55,8 @@ PyMethodDef methods[] = {
      "linearize(roots) -> (order, outputs, key, leaves, scalars): see lazy/ir/graph.py."},
     {"new_tensor", FASTCALL(lazy::new_tensor), METH_FASTCALL,
      "new_tensor(desc, value, numel): a new lazy tensor owning a new storage of value (lazy/device/tensor.py)."},
+    {"stale_inputs", FASTCALL(lazy::stale_inputs), METH_FASTCALL,
+     "stale_inputs(leaves, static, seen) -> (dst, src): the inputs a CUDA-graph run copies (csrc/replay_io.cpp)."},
     {"leaves_unshared", lazy::leaves_unshared, METH_O,
      "leaves_unshared(pairs) -> (safe, keep): the reference check of a CUDA-graph replay (csrc/replay_io.cpp)."},
     {"new_tensors", FASTCALL(lazy::new_tensors), METH_FASTCALL,

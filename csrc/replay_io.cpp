@@ -187,6 +187,41 @@ PyObject* leaves_unshared(PyObject*, PyObject* pairs) {
   return result;
 }
 
+PyObject* stale_inputs(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 || !PySequence_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "stale_inputs(leaves, static: list, seen: list)");
+    return nullptr;
+  }
+  PyObject* leaves = PySequence_Fast(args[0], "stale_inputs: leaves must be a sequence");
+  if (leaves == nullptr) return nullptr;
+  PyObject* statics = args[1];
+  PyObject* seen = args[2];
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(leaves);
+  if (PyList_GET_SIZE(statics) != n || PyList_GET_SIZE(seen) != n) {
+    Py_DECREF(leaves);
+    PyErr_SetString(PyExc_ValueError, "stale_inputs: leaves, static and seen differ in length");
+    return nullptr;
+  }
+  PyObject* dst = PyList_New(0);
+  PyObject* src = PyList_New(0);
+  bool ok = dst != nullptr && src != nullptr;
+  for (Py_ssize_t k = 0; ok && k < n; ++k) {
+    PyObject* t = PySequence_Fast_GET_ITEM(leaves, k);
+    PyObject* s = PyList_GET_ITEM(statics, k);
+    if (t == s) continue;  // the buffer itself
+    PyObject* ref = PyList_GET_ITEM(seen, k);
+    if (ref != Py_None && PyWeakref_Check(ref) && PyWeakref_GET_OBJECT(ref) == t) continue;  // copied last run
+    PyObject* fresh = PyWeakref_NewRef(t, nullptr);
+    ok = fresh != nullptr && PyList_Append(dst, s) == 0 && PyList_Append(src, t) == 0;
+    if (fresh != nullptr) PyList_SetItem(seen, k, fresh);  // steals fresh
+  }
+  Py_DECREF(leaves);
+  PyObject* result = ok ? PyTuple_Pack(2, dst, src) : nullptr;
+  Py_XDECREF(dst);
+  Py_XDECREF(src);
+  return result;
+}
+
 // Note [Host step counters in C]
 // Adam and AdamW (capturable=False, the default) keep each parameter's step count in a cpu tensor and run
 // ``step_t += 1`` and ``step_t.item()`` per parameter each step; a replay runs them again as host ops, about 4 us

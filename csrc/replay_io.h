@@ -27,6 +27,11 @@ PyObject* replay_writes(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 // and its storage, and the pairs to remember: those still bound or still referenced.
 PyObject* leaves_unshared(PyObject* self, PyObject* pairs);
 
+// stale_inputs(leaves, static, seen) -> (dst, src): for a CUDA-graph program's run (GraphedProgram._copy_inputs),
+// the static buffers and the inputs to copy into them: each input that is not its buffer and not the tensor
+// ``seen`` (weak references, updated here) says was copied there at the last run.
+PyObject* stale_inputs(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+
 // host_steps(tensors, adds, values) -> list or None: for each j in order, tensors[j] += values[j] (adds[j] True;
 // the tensor is the result) or tensors[j].item(); None, having done nothing, unless every tensor is a host step
 // counter it can update (Note [Host step counters in C] in replay_io.cpp).

@@ -329,3 +329,20 @@ def test_a_cached_program_graph_copies_inputs_that_change_and_keeps_outputs_apar
     assert metrics.counter("cuda_graph.replays") >= 1
     for o, want in zip(outs, wants):
         torch.testing.assert_close(o.cpu(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_inputs_a_graph_run_copies():
+    """GraphedProgram._copy_inputs (csrc/replay_io.cpp's stale_inputs): an input is copied into its static buffer
+    unless it is that buffer or the tensor copied there at the last run (held by a weak reference only)."""
+    static = [torch.zeros(2), torch.zeros(2), torch.zeros(2)]
+    a, b = torch.ones(2), torch.full((2,), 2.0)
+    seen = [None] * 3
+    dst, src = lazy._C.stale_inputs([static[0], a, b], static, seen)
+    assert dst == [static[1], static[2]] and src[0] is a and src[1] is b
+    assert seen[0] is None and seen[1]() is a and seen[2]() is b
+    c = torch.full((2,), 3.0)
+    dst, src = lazy._C.stale_inputs([static[0], a, c], static, seen)  # a again: not copied; c new
+    assert dst == [static[2]] and src[0] is c and seen[2]() is c
+    del c  # dead: its reference no longer names it, so a tensor at its address later is copied
+    dst, src = lazy._C.stale_inputs((static[0], a, torch.full((2,), 4.0)), static, seen)
+    assert len(dst) == 1 and dst[0] is static[2] and seen[2]() is src[0]

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import weakref
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
@@ -182,17 +181,7 @@ class GraphedProgram:
         """Copy each input into its static buffer unless it is the buffer or the tensor copied at the last run
         (data leaves are immutable: a lazy update binds a new one), in one multi-tensor copy. ``seen`` holds weak
         references: it must keep no input alive, nor stop one being reused as a spare (Note [Reused outputs])."""
-        dst, src = [], []
-        seen, static = self.seen, self.static_in
-        for k, t in enumerate(leaves):
-            s = static[k]
-            if t is s:
-                continue
-            ref = seen[k]
-            if ref is None or ref() is not t:
-                dst.append(s)
-                src.append(t)
-                seen[k] = weakref.ref(t)
+        dst, src = _C.stale_inputs(leaves, self.static_in, self.seen)
         if dst:
             torch._foreach_copy_(dst, src)
 
