@@ -18,6 +18,7 @@ import torch
 
 from ..ir.node import DEVICE, GENERATOR, SCALAR_MARKERS, TENSOR, Node, Op, _Marker
 from ..ir.ops import functionalized
+from . import op_trace
 
 aten = torch.ops.aten
 
@@ -141,7 +142,9 @@ def _scalar_markers(node: Node) -> List[_Marker]:
     return found
 
 
-def _trace_once(node: Node, sentinels: List[Any]) -> torch.fx.GraphModule:
+def _trace_once(node: Node, sentinels: List[Any], use_make_fx: bool = False) -> list:
+    """The nodes of the node's decomposition traced on meta tensors: by the light tracer (Note [Tracing
+    decompositions without FX] in lazy/lower/op_trace.py), or by make_fx where it cannot follow the function."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def fill(v: Any, ins: Any, sc: Any) -> Any:
@@ -165,7 +168,16 @@ def _trace_once(node: Node, sentinels: List[Any]) -> torch.fx.GraphModule:
         return target(*args, **kwargs)
 
     metas = [torch.empty(i.shape, dtype=i.dtype, device="meta") for i in node.inputs]
-    return make_fx(fn, decomposition_table=table())(*metas)
+    if not use_make_fx and LIGHT_TRACE:
+        try:
+            return op_trace.trace(fn, metas, table())
+        except op_trace.Untraceable:
+            pass
+    return list(make_fx(fn, decomposition_table=table())(*metas).graph.nodes)
+
+
+LIGHT_TRACE = True  # False: every trace through make_fx (tests compare the two)
+_NODES = (torch.fx.Node, op_trace.Step)
 
 
 # NOTE: two sentinel traces catch a scalar that is transformed, not one a decomposition compares with a special
@@ -177,7 +189,7 @@ SPECIAL_VALUES = ((0.0, 0), (1.0, 1), (float("inf"), -1), (float("-inf"), 2))
 def _special_trace(node: Node, values: tuple) -> Optional[list]:
     scalars = [values[0] if m is SCALAR_MARKERS[float] else values[1] for m in _scalar_markers(node)]
     try:
-        return list(_trace_once(node, scalars).graph.nodes)
+        return _trace_once(node, scalars)
     except Exception:  # noqa: BLE001 -- a value the decomposition rejects: not the same branch
         return None
 
@@ -191,8 +203,8 @@ def _same_branch(na: list, ns: Optional[list], sentinel_slots: Dict[Any, int]) -
     index_s = {y: i for i, y in enumerate(ns)}
 
     def same(x: Any, y: Any) -> bool:
-        if isinstance(x, torch.fx.Node):
-            return isinstance(y, torch.fx.Node) and index[x] == index_s[y]
+        if isinstance(x, _NODES):
+            return isinstance(y, _NODES) and index[x] == index_s[y]
         if isinstance(x, (list, tuple)):
             return isinstance(y, (list, tuple)) and len(x) == len(y) and all(map(same, x, y))
         if type(x) in (int, float) and x in sentinel_slots:
@@ -206,8 +218,7 @@ def _same_branch(na: list, ns: Optional[list], sentinel_slots: Dict[Any, int]) -
 
 def _trace(node: Node) -> Optional[Decomposed]:
     a, b = _sentinels(node, 0), _sentinels(node, 1)
-    ga, gb = _trace_once(node, a), _trace_once(node, b)
-    na, nb = list(ga.graph.nodes), list(gb.graph.nodes)
+    na, nb = _trace_once(node, a), _trace_once(node, b)
     if len(na) != len(nb):
         return None
     ref_a = {v: k for k, v in enumerate(a)}
@@ -217,7 +228,7 @@ def _trace(node: Node) -> Optional[Decomposed]:
     result = None
 
     def conv(x: Any, y: Any) -> Any:
-        if isinstance(x, torch.fx.Node):
+        if isinstance(x, _NODES):
             return pos[x]
         if isinstance(x, (list, tuple)):
             if not isinstance(y, (list, tuple)) or len(x) != len(y):
