@@ -19,6 +19,7 @@ import operator
 from typing import Any, Callable, Dict, List, Sequence
 
 import torch
+import torch.utils._pytree as pytree
 from torch.fx.immutable_collections import immutable_list
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakTensorKeyDictionary
@@ -26,6 +27,11 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 aten = torch.ops.aten
 _NOT_DECOMPOSED = (aten.size.default, aten.stride.default, aten.storage_offset.default)  # as in make_fx
+try:  # make_fx's own test of whether autograd would have run an op's CompositeImplicitAutograd kernel
+    from torch.utils._python_dispatch import autograd_would_have_decomposed as _would_decompose
+except ImportError:  # an older torch, whose make_fx runs every one that reaches it
+    def _would_decompose(func: Any, flat_args: Any) -> bool:
+        return True
 
 
 class Untraceable(Exception):
@@ -78,8 +84,8 @@ class _Recorder(TorchDispatchMode):
                 out = decomposition(*args, **kwargs)
             if out is not NotImplemented:
                 return out
-        if func not in _NOT_DECOMPOSED:  # a CompositeImplicitAutograd kernel, as make_fx runs it
-            with self:
+        if func not in _NOT_DECOMPOSED and _would_decompose(func, pytree.tree_leaves((args, kwargs))):
+            with self:  # a CompositeImplicitAutograd kernel, as make_fx runs it
                 out = func.decompose(*args, **kwargs)
             if out is not NotImplemented:
                 return out
