@@ -185,8 +185,7 @@ class Program:
                 s[3] = tuple(s[3])  # allocs: a tuple, as _C.take_buffers takes them
         self.steps = [tuple(s) for s in steps]
         self._native = self._native_runner(ext_ops)
-        self.spare_bytes = sum(math.prod(shape) * dtype.itemsize for s in self.steps if s[0] is _SEGMENT
-                               for _, shape, dtype in s[3])
+        self.spare_bytes = self._segment_bytes(())
         self._spares = None  # Note [Reused outputs] (runtime/spares.py)
 
     def _native_runner(self, ext_ops: List[Any]) -> Any:
@@ -194,9 +193,7 @@ class Program:
         step is not an aten operator with flat arguments (then the run loop below runs it)."""
         if not cpp_native.NATIVE:
             return None
-        outputs = set(self.output_ids)
-        upfront = sum(math.prod(shape) * dtype.itemsize for s in self.steps if s[0] is _SEGMENT
-                      for i, shape, dtype in s[3] if i not in outputs)
+        upfront = self._segment_bytes(set(self.output_ids))
         if upfront > cpp_native.UPFRONT_BYTES:  # the C run takes every segment's outputs first: memory it holds longer
             log(3, f"cpp program runs from Python: {upfront} bytes of temporaries would be taken before the run")
             return None
@@ -216,6 +213,11 @@ class Program:
             return None
         self._wanted = tuple(i for i in self.output_ids if i in wanted)  # graph outputs that externs make
         return runner
+
+    def _segment_bytes(self, skip: Any) -> int:
+        """Bytes of the buffers the kernel segments allocate, but those in ``skip``."""
+        return sum(math.prod(shape) * dtype.itemsize for s in self.steps if s[0] is _SEGMENT
+                   for i, shape, dtype in s[3] if i not in skip)
 
     def _entry(self, name: str) -> Any:
         fn = getattr(self.lib, name)
