@@ -39,6 +39,8 @@ def _train(device, steps, compiled, kind="mlp"):
     for i in range(steps):
         x, y = batch(kind, i, "cpu")
         losses.append(step(x.to(device), y.to(device)))
+        if device == "lazy" and not compiled:  # the plain mark_step loop
+            lazy.mark_step()
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     moments = [s["exp_avg_sq"].cpu() for s in opt.state.values()]
     return torch.stack([loss.cpu() for loss in losses]), state, moments
@@ -242,37 +244,16 @@ def test_max_autotune_replays_with_more_block_sizes(monkeypatch):
         assert metrics.counter("cuda_graph.replays") >= 1 and metrics.counter("triton.tuned_kernels") >= 1
 
 
-def _plain_loop(device, steps):
-    from models import MLP, batch, loss_fn
-
-    torch.manual_seed(0)
-    model = MLP().to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
-    losses = []
-    for i in range(steps):
-        x, y = batch("mlp", i, "cpu")
-        loss = loss_fn("mlp", model(x.to(device)), y.to(device))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        sched.step()
-        if device == "lazy":
-            lazy.mark_step()
-        losses.append(loss.detach())
-    return torch.stack([loss.cpu() for loss in losses]), {k: v.cpu() for k, v in model.state_dict().items()}
-
-
 @cuda_only
 @pytest.mark.parametrize("graphs", [True, False])
 def test_a_mark_step_loop_replays_its_cached_program_as_a_cuda_graph(graphs):
     """Note [CUDA graphs for cached programs]: the plain loop's step program is captured at its second compiled
     run and replayed from the third, with the bias corrections and the scheduled learning rate read at each run;
     the losses kept from every step (outputs copied out of the graph's memory) equal eager's."""
-    want_losses, want = _plain_loop(DEVICE, 8)
+    want_losses, want, _ = _train(DEVICE, 8, compiled=False)
     metrics.reset()
     with lazy.config.override(cuda_graphs=graphs):
-        got_losses, got = _plain_loop("lazy", 8)
+        got_losses, got, _ = _train("lazy", 8, compiled=False)
     torch.testing.assert_close(got_losses, want_losses, rtol=1e-4, atol=1e-5)
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=k)
