@@ -43,6 +43,21 @@ class _Builder:
     def emit(self, op: str, dst: int = -1, src: int = -1, n: int = 0, a: Any = None, b: Any = None) -> None:
         self.code.append((OP[op], dst, src, n, a, b))
 
+    def attempt(self, build: Any) -> Any:
+        """``build()``'s result, or None having dropped the instructions it emitted (the loads of a guard or a
+        value the program cannot finish go with it)."""
+        mark, regs = len(self.code), dict(self.regs)
+        result = build()
+        if result is None or result is False:
+            del self.code[mark:]
+            self.regs = regs
+            return None
+        return result
+
+    def program(self, *outputs: Any) -> Any:
+        nregs = 1 + max((ins[1] for ins in self.code), default=-1)
+        return _C.guard_program(self.code, nregs, LazyTensor, torch.nn.Module, *outputs)
+
     def load(self, e: Any) -> Optional[int]:
         """The register holding ``e``'s value (loaded once per call), or None where ``e`` is not a chain of loads."""
         if type(e) is not E:
@@ -156,13 +171,9 @@ def compile_guards(state: tuple, guards: List[Guard], state_calls: tuple, keys_s
     b.emit("state", a=tuple(state_calls), b=state)
     residual = []
     for kind, e, expected in guards:
-        mark, regs = len(b.code), dict(b.regs)
-        if not b.guard(kind, e, expected, keys_same, tensor_signature):
-            del b.code[mark:]  # the loads of a guard the program cannot finish go with it
-            b.regs = regs
+        if b.attempt(lambda: b.guard(kind, e, expected, keys_same, tensor_signature)) is None:
             residual.append((kind, e, expected))
-    regs = 1 + max((ins[1] for ins in b.code), default=-1)
-    return _C.guard_program(b.code, regs, LazyTensor, torch.nn.Module), residual
+    return b.program(), residual
 
 
 def compile_loads(exprs: List[E]) -> Tuple[Any, List[int]]:
@@ -171,18 +182,13 @@ def compile_loads(exprs: List[E]) -> Tuple[Any, List[int]]:
     b = _Builder()
     outputs, which = [], []
     for k, e in enumerate(exprs):
-        mark, regs = len(b.code), dict(b.regs)
-        r = b.load(e)
-        if r is None:
-            del b.code[mark:]
-            b.regs = regs
-            continue
-        outputs.append(r)
-        which.append(k)
+        r = b.attempt(lambda: b.load(e))
+        if r is not None:
+            outputs.append(r)
+            which.append(k)
     if not which:
         return None, []
-    nregs = 1 + max(ins[1] for ins in b.code)
-    return _C.guard_program(b.code, nregs, LazyTensor, torch.nn.Module, tuple(outputs)), which
+    return b.program(tuple(outputs)), which
 
 
 def tensor_signature(t: Any) -> tuple:
