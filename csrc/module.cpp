@@ -53,8 +53,6 @@ PyMethodDef methods[] = {
     {"fast_path_stats", lazy::fast_path_stats, METH_NOARGS, "(hits, misses) of the fast path."},
     {"linearize", lazy::linearize, METH_O,
      "linearize(roots) -> (order, outputs, key, leaves, scalars): see lazy/ir/graph.py."},
-    {"new_tensor", FASTCALL(lazy::new_tensor), METH_FASTCALL,
-     "new_tensor(desc, value, numel): a new lazy tensor owning a new storage of value (lazy/device/tensor.py)."},
     {"stale_inputs", FASTCALL(lazy::stale_inputs), METH_FASTCALL,
      "stale_inputs(leaves, static, seen) -> (dst, src): the inputs a CUDA-graph run copies (csrc/replay_io.cpp)."},
     {"leaves_unshared", lazy::leaves_unshared, METH_O,

@@ -744,14 +744,6 @@ PyObject* set_fast_path(PyObject*, PyObject* enabled) {
 
 PyObject* traced_ops(PyObject*, PyObject*) { return PyLong_FromLongLong(g.traced); }
 
-PyObject* new_tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 3 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 4 || g.make_wrapper == nullptr) {
-    PyErr_SetString(PyExc_TypeError, "new_tensor(desc: (shape, stride, offset, dtype), value, numel), once configured");
-    return nullptr;
-  }
-  return new_base(args[0], args[1], args[2]);
-}
-
 PyObject* new_tensors(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 4 || !PyTuple_Check(args[0]) || !PyList_Check(args[1]) || !PyTuple_Check(args[2]) ||
       !PyTuple_Check(args[3]) || PyTuple_GET_SIZE(args[2]) != PyTuple_GET_SIZE(args[0]) ||

@@ -41,11 +41,8 @@ PyObject* install_methods(PyObject* self, PyObject* const* args, Py_ssize_t narg
 // plain_call(x): whether a call on lazy tensor ``x`` alone may skip the dispatcher (the methods' test).
 PyObject* plain_call(PyObject* self, PyObject* x);
 
-// new_tensor(desc, value, numel): lazy/device/tensor.py's new_tensor in C (a replay's new results).
-PyObject* new_tensor(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
-
-// new_tensors(descs, outs, indices, numels) -> tuple: new_tensor(descs[j], a data leaf of outs[indices[j]],
-// numels[j]) for each j, in one call (a replay's new tensors: a step's gradients).
+// new_tensors(descs, outs, indices, numels) -> tuple: lazy/device/tensor.py's new_tensor(descs[j], a data leaf of
+// outs[indices[j]], numels[j]) for each j, in C and in one call (a replay's new tensors: a step's gradients).
 PyObject* new_tensors(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 }  // namespace lazy

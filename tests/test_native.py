@@ -497,17 +497,21 @@ def test_pack_scalars_matches_float_and_int():
         _C.pack_scalars(scalars + [1.0], fs, is_)  # more scalars than the buffers hold
 
 
-def test_new_tensor_in_c_equals_pythons():
-    """lazy._C.new_tensor (a replay's new results) makes what lazy/device/tensor.py's new_tensor makes."""
+def test_new_tensors_in_c_equal_pythons():
+    """lazy._C.new_tensors (a replay's new results) makes what lazy/device/tensor.py's new_tensor makes of a data
+    leaf of each output."""
     from lazy.device.tensor import new_tensor
-    x = torch.randn(3, 4).to(L) * 2  # pending IR: its value is a node
-    value = x._lz_st.value
-    desc = ((3, 4), (4, 1), 0, torch.float32)
-    a, b = new_tensor(desc, value, 12), lazy._C.new_tensor(desc, value, 12)
-    for t in (a, b):
-        assert type(t) is lazy.LazyTensor and t._lz_desc == desc and t._lz_st.value is value
-        assert (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype) == ((3, 4), (4, 1), 0, torch.float32)
-        assert t._lz_chain is None and t._lz_st.numel == 12
-    torch.testing.assert_close(b.cpu(), a.cpu())
-    with pytest.raises(TypeError):
-        lazy._C.new_tensor(((3, 4), (4, 1), 0), value, 12)
+    from lazy.ir.node import data_leaf
+    outs = [torch.randn(5), torch.randn(3, 4)]
+    descs = (((3, 4), (4, 1), 0, torch.float32), ((5,), (1,), 0, torch.float32))
+    made = lazy._C.new_tensors(descs, outs, (1, 0), (12, 5))  # in another order than the outputs
+    want = [new_tensor(descs[0], data_leaf(outs[1]), 12), new_tensor(descs[1], data_leaf(outs[0]), 5)]
+    for t, w, desc, numel in zip(made, want, descs, (12, 5)):
+        assert type(t) is lazy.LazyTensor and t._lz_desc == desc and t._lz_st.value.is_data
+        assert (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype) == desc
+        assert t._lz_chain is None and t._lz_st.numel == numel
+        torch.testing.assert_close(t.cpu(), w.cpu())
+    with pytest.raises(ValueError):
+        lazy._C.new_tensors((((3, 4), (4, 1), 0),), outs, (0,), (12,))
+    with pytest.raises(ValueError):
+        lazy._C.new_tensors((descs[0],), outs, (2,), (12,))  # no output 2
