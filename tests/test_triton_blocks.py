@@ -22,6 +22,8 @@ def _kernels():
     """Kernels of every kind the tuning treats apart: pointwise, persistent rows, looped long rows, tiled columns."""
     g = torch.Generator().manual_seed(0)
     return {"pointwise": (lambda x: x.sin() * 2 + 1, torch.randn(64, 48, generator=g)),
+            # a latency-bound chain (Note [Latency-bound pointwise kernels]): three dependent transcendentals
+            "chain": (lambda x: (x.sin() * 1.5).sin().cos() + 1, torch.randn(64, 48, generator=g)),
             "persistent": (lambda x: [x.softmax(-1), F.layer_norm(x, (48,))], torch.randn(64, 48, generator=g)),
             "looped": (lambda x: [x.sum(1), x.amax(1)], torch.randn(3, 9000, generator=g)),
             "tiled": (lambda x: [x.sum(0), x.amax(0)], torch.randn(300, 200, generator=g))}
@@ -54,18 +56,18 @@ def test_candidates_start_with_the_default_and_are_distinct():
                     assert len(found) == 1, (name, tune)
 
 
-def test_large_reductions_get_candidates_and_pointwise_only_at_max(monkeypatch):
+def test_large_reductions_and_chains_get_candidates_and_other_pointwise_only_at_max(monkeypatch):
     from lazy.codegen import triton_blocks
     monkeypatch.setattr(triton_blocks, "TUNE_MIN_WORK", 0)
     for name, (fn, x) in _kernels().items():
         for k in _scheduled(fn, x):
             default, wide = triton_blocks.candidates(k, "default"), triton_blocks.candidates(k, "max")
             assert len(wide) >= len(default)
-            assert (len(default) > 1) == bool(k.stages), name
+            assert (len(default) > 1) == (bool(k.stages) or name == "chain"), name
             assert len(wide) > 1, name
 
 
-@pytest.mark.parametrize("kind", ["pointwise", "persistent", "looped", "tiled"])
+@pytest.mark.parametrize("kind", ["pointwise", "chain", "persistent", "looped", "tiled"])
 def test_every_candidate_computes_eagers_result(monkeypatch, kind):
     """Each block size a kernel can be tuned to, run (the interpreter on the cpu), against eager."""
     from lazy.codegen import triton_blocks

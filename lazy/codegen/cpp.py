@@ -13,7 +13,7 @@ import copy
 from typing import Dict, List, Optional
 
 from ..lower import kir
-from ..lower.graph import EXPENSIVE_COST, EXPENSIVE_OPS
+from ..lower.graph import LATENCY_MIN, critical_path
 from ..lower.kir import Expr
 from ..schedule import Kernel, Limits, Schedule
 from . import cpp_math
@@ -70,7 +70,8 @@ def _render_stores(k: Kernel, scope: _Scope, tile: Optional[_Blocks], arrays: Di
 # A long pointwise chain (the 200-op benchmark: 40 sines between multiplies, adds and relus) is one dependency chain
 # per element: a vectorized iteration waits on the latency of every op in turn, and its thousands of instructions
 # leave the out-of-order window no room to start the next iteration early. So the innermost loop of a kernel whose
-# store values have a long critical path (LATENCY_MIN, in recompute_cost-like units: an expensive op 24, others 1)
+# store values have a long critical path (LATENCY_MIN, in lower/graph.py's critical_path units: an expensive op 24,
+# others 1)
 # computes INTERLEAVE independent copies per iteration, at i, i + H, ..., i + (K - 1) H (H = extent / K; the last
 # extent % K indices in a remainder loop), their statements interleaved in the source: each op of every copy is
 # issued before the next op of the first, so the copies' latencies overlap (also across the calls of the vector
@@ -83,27 +84,14 @@ def _render_stores(k: Kernel, scope: _Scope, tile: Optional[_Blocks], arrays: Di
 # tiles, nor for short chains (below LATENCY_MIN: memory-bound, nothing to hide; measured: gelu alone, ~30, ran
 # 5-8 % slower interleaved, exp(sin(x)), 49, 5-35 % faster).
 INTERLEAVE = 4
-LATENCY_MIN = 48
 INTERLEAVE_MIN_EXTENT = 256
-
-
-def _latency(roots: List[Expr]) -> int:
-    """The critical path of ``roots``: an expensive op counts EXPENSIVE_COST, any other op 1, leaves 0."""
-    depth: Dict[Expr, int] = {}
-    for root in roots:
-        for e in kir.walk(root):
-            if e in depth:
-                continue
-            own = EXPENSIVE_COST if e.op in EXPENSIVE_OPS else (0 if e.op in ("const", "var", "scalar") else 1)
-            depth[e] = own + max((depth[a] for a in kir.children(e)), default=0)
-    return max((depth[r] for r in roots), default=0)
 
 
 def _interleave(k: Kernel) -> Optional[Expr]:
     """The loop of ``k`` whose iterations run as INTERLEAVE interleaved copies (Note [Interleaved copies]), or None:
     the innermost loop if long enough, else an enclosing inner loop whose extent INTERLEAVE divides (a 16 x 16 chain
     interleaves 4 rows)."""
-    if k.stages or k.tile is not None or not k.inner or _latency([e for _, _, e in k.stores]) < LATENCY_MIN:
+    if k.stages or k.tile is not None or not k.inner or critical_path([e for _, _, e in k.stores]) < LATENCY_MIN:
         return None
     if k.inner[-1].args[1] >= INTERLEAVE_MIN_EXTENT:
         return k.inner[-1]

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import List, Tuple
 
+from ..lower.graph import LATENCY_MIN, critical_path
 from ..schedule import Kernel
 
 __all__ = ["Blocks", "TUNE_MIN_WORK", "candidates", "default_blocks"]
@@ -79,6 +80,13 @@ def _tile_xblock(outputs: int) -> int:
 # launch-bound, and each candidate is one more Triton compile, 0.1-0.3 s of a core); "max" tries more, pointwise
 # kernels included. The default blocks are always the first candidate, so tuning never picks a slower kernel than
 # the untuned one by more than the timing's noise.
+
+# Note [Latency-bound pointwise kernels]
+# A pointwise kernel is memory-bound unless each element runs a long chain of dependent operations (critical_path of
+# its stores at least LATENCY_MIN, as for the cpu's Note [Interleaved copies]): the 200-op benchmark chain is 40
+# sines and 160 arithmetic ops per element. Such a kernel is timed at "default" too, with one more candidate: half
+# the elements per program on twice the warps (2 per thread instead of 8), which is Inductor's second pointwise
+# config. Measured on an H200 (benchmarks/gpu_kernels.py, 4096^2 chain): see benchmarks/README.md.
 TUNE_MIN_WORK = 1 << 22  # 16 MB of float32: about 5 us of an H100's bandwidth, a launch's order
 
 
@@ -86,13 +94,16 @@ def candidates(k: Kernel, tune: str = "off") -> List[Blocks]:
     """The block sizes to try for ``k``, its default ones first (Note [Tuned block sizes]): at "default" at most
     three more per reduction (each is one more Triton compile), at "max" a grid of them, pointwise kernels too."""
     d = default_blocks(k)
-    if tune == "off" or k.work < TUNE_MIN_WORK or (not k.stages and tune != "max"):
+    if tune == "off" or k.work < TUNE_MIN_WORK:
         return [d]
     wide = tune == "max"
     if not k.stages:
-        out = [d, Blocks(d.x * 2, 0, _warps(d.x * 2)), Blocks(d.x, 0, d.warps * 2),
-               Blocks(max(d.x // 2, 1), 0, d.warps)]
-        return _distinct_blocks([b for b in out if b.x <= 4096])
+        half = Blocks(max(d.x // 2, 1), 0, d.warps * 2)  # Note [Latency-bound pointwise kernels]
+        if not wide:
+            return [d, half] if critical_path([e for _, _, e in k.stores]) >= LATENCY_MIN else [d]
+        out = [d, half, Blocks(d.x * 2, 0, _warps(d.x * 2)), Blocks(d.x, 0, d.warps * 2),
+               Blocks(max(d.x // 2, 1), 0, d.warps), Blocks(max(d.x // 4, 1), 0, d.warps)]
+        return _distinct_blocks([b for b in out if b.x <= 4096 and b.warps <= 16])
     outer_n, longest = _extents(k)
     if _persistent(k, longest):  # rows per program and warps
         rows = _pow2(max(outer_n, 1))

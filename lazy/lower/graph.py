@@ -31,6 +31,7 @@ EXPENSIVE_OPS = {"exp", "log", "tanh", "erf", "sin", "cos", "log1p", "expm1", "s
                  "atan2", "log2", "exp2", "atan", "asin", "acos", "sinh", "cosh", "tan", "erfc", "log10", "acosh",
                  "asinh", "atanh", "lgamma", "erfinv", "digamma", "hypot", "gcd", "lcm"}
 EXPENSIVE_COST = 24
+LATENCY_MIN = 48  # a pointwise kernel whose critical_path is this long is latency-bound (exp(sin(x)): 49; gelu: ~30)
 
 
 def recompute_cost(root: kir.Expr) -> int:
@@ -49,6 +50,20 @@ def recompute_cost(root: kir.Expr) -> int:
             cost += 1
     return cost
 
+
+
+def critical_path(roots: List[kir.Expr]) -> int:
+    """The longest chain of dependent operations in ``roots``: an expensive op counts EXPENSIVE_COST, any other op
+    1, leaves 0. A pointwise kernel with a long one is latency-bound, not memory-bound (Note [Interleaved copies] in
+    codegen/cpp.py, Note [Tuned block sizes] in codegen/triton_blocks.py)."""
+    depth: Dict[kir.Expr, int] = {}
+    for root in roots:
+        for e in kir.walk(root):
+            if e in depth:
+                continue
+            own = EXPENSIVE_COST if e.op in EXPENSIVE_OPS else (0 if e.op in ("const", "var", "scalar") else 1)
+            depth[e] = own + max((depth[a] for a in kir.children(e)), default=0)
+    return max((depth[r] for r in roots), default=0)
 
 # Note [Shared values that read much]
 # recompute_cost counts operations, but a value recomputed in each consumer also reads its inputs again in each. A
