@@ -137,6 +137,20 @@ def test_runtime_scalars_do_not_recompile():
     assert metrics.counter("graph_cache.miss") == 1 and metrics.counter("graph_cache.hit") == 2
 
 
+def test_float32_kernels_take_their_float_scalars_as_float32():
+    """Note [Scalars read as float32]: a float slot read only through a cast to float32 is a float32 argument; one
+    float64 arithmetic reads stays float64; both compute eager's result (a scalar float32 cannot hold exactly)."""
+    x32, x64 = torch.randn(8, 8), torch.randn(8, 8, dtype=torch.float64)
+    _, program = run(lambda x: x * 1.1 + 1.0 / 3, x32)
+    assert re.findall(r's\d+: "(\w+)"', program.source) == ["fp32", "fp32"]
+    assert all(set(launch.scalar_types()) == {"fp32"} for launch in program.launches)
+    _, program = run(lambda x, y: [x * 1.1, (y * 1.1).float() + x], x32, x64)
+    # the two 1.1s are one slot, which float64 arithmetic reads too: float64
+    assert re.findall(r"s\d+: \"(\w+)\"", program.source) == ["fp64"]
+    _, program = run(lambda x: x.sum() * 1e-3 + x * 0.7, x32)
+    assert set(re.findall(r's\d+: "(\w+)"', program.source)) == {"fp32"}
+
+
 def test_what_the_renderer_cannot_express_falls_back_once():
     x = torch.rand(6, 6) + 0.5
     with warnings.catch_warnings(record=True) as caught:

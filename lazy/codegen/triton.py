@@ -39,6 +39,7 @@ __all__ = ["LIMITS", "Launch", "UnsupportedByRenderer", "render", "render_kernel
 LIMITS = Limits(max_buffers=64, parallel_threshold=0, keep_bytes=0)
 _INDEX_OPS = frozenset({"iadd", "imul", "ifloordiv", "imod", "index_clamp", "index_checked"})
 _INIT = {"sum": 0, "prod": 1}
+_TL_SCALAR = {"fp32": "tl.float32", "fp64": "tl.float64", "i64": "tl.int64"}
 _COMBINE = {"prod": "prod_", "max": "max_nan", "min": "min_nan"}  # triton_ops.HELPERS
 
 
@@ -58,6 +59,11 @@ class Launch:
     debug: bool
     memory: bool = False
     inplace: bool = False  # it loads a buffer it stores: running it twice is not running it once
+    float32: frozenset = frozenset()  # float slots it takes as float32 (Note [Scalars read as float32])
+
+    def scalar_types(self) -> List[str]:
+        """The Triton types of its runtime scalar arguments, in order (without ``memory``)."""
+        return ["fp32" if s in self.float32 else "fp64" if f else "i64" for s, f in zip(self.scalars, self.floats)]
 
     def scalar_buffers(self) -> List[torch.dtype]:
         """The dtypes of the scalar buffers the kernel takes (``memory``), in argument order."""
@@ -243,6 +249,29 @@ def _scalars(roots: List[Expr]) -> Dict[int, bool]:
     return dict(sorted(found.items()))
 
 
+# Note [Scalars read as float32]
+# A runtime scalar is a float64 slot, but a float32 kernel reads most of its float scalars only as float32 (x * 1.01
+# computes in float32, as eager's opmath does: the lowering casts the scalar). Taken as float64, each was
+# converted by every thread of every program: 120 conversions per thread in the 200-op chain, on the GPU's slow
+# float64 path. A float slot whose every use in the kernel is that cast is declared float32 instead; the launcher
+# rounds the Python float to float32 once per launch (round to nearest even, as the kernel's conversion did), so
+# the values are the same bits. Slots read any other way (float64 arithmetic, a store) stay float64; scalars
+# loaded from device memory (Note [Scalars in device memory]) stay float64 too.
+def _float32_slots(roots: List[Expr], scalars: Dict[int, bool]) -> frozenset:
+    """The float scalar slots of ``scalars`` every use of which under ``roots`` is a cast to float32."""
+    wide = {e.args[0] for e in roots if e.op == "scalar"}
+    todo, seen = list(roots), set()
+    while todo:
+        for e in kir.walk(todo.pop()):
+            if e.op == "reduce" and e.args[0] not in seen:
+                seen.add(e.args[0])
+                todo.append(e.args[0].body)
+                wide.update(c.args[0] for c in kir.children(e) if c.op == "scalar")
+            elif not (e.op == "cast" and e.dtype is torch.float32):
+                wide.update(c.args[0] for c in kir.children(e) if c.op == "scalar")
+    return frozenset(s for s, f in scalars.items() if f and s not in wide)
+
+
 def _index_type(k: Kernel) -> str:
     big = max([math.prod(b.shape) for b in k.buffers()] + [k.work, 1])
     return "tl.int64" if big >= (1 << 31) - POINTWISE_BLOCK * 4 else "tl.int32"
@@ -267,10 +296,12 @@ def render_kernel(k: Kernel, memory: bool = False, blocks: Optional[Blocks] = No
             lines.append(f"    s{s} = tl.load({'SF' if f else 'SI'} + {at[f]})")
             at[f] += 1
     else:
-        params += [f"s{s}: \"{'fp64' if f else 'i64'}\"" for s, f in scalars.items()]
+        float32 = _float32_slots(roots, scalars)
+        types = {s: "fp32" if s in float32 else "fp64" if f else "i64" for s, f in scalars.items()}
+        params += [f"s{s}: \"{t}\"" for s, t in types.items()]
         lines = [f"@_kernel({[f's{s}' for s in scalars]!r}, {debug})", f"def {k.name}({', '.join(params)}):"]
-        for s, f in scalars.items():
-            lines.append(f"    s{s} = tl.full([], s{s}, {'tl.float64' if f else 'tl.int64'})")
+        for s, t in types.items():
+            lines.append(f"    s{s} = tl.full([], s{s}, {_TL_SCALAR[t]})")
     itype = _index_type(k)
     if k.stages:
         grid = _render_reduction(k, lines, itype, blocks)
@@ -279,7 +310,7 @@ def render_kernel(k: Kernel, memory: bool = False, blocks: Optional[Blocks] = No
     stored = {b.id for b, _, _ in k.stores}
     inplace = any(e.op == "load" and e.args[0].id in stored for r in roots for e in kir.walk(r))
     launch = Launch(k.name, [b.id for b in bufs], list(scalars), list(scalars.values()), grid, blocks.warps, debug,
-                    memory, inplace)
+                    memory, inplace, frozenset() if memory else float32)
     return "\n".join(lines), launch
 
 

@@ -139,7 +139,7 @@ def requests(launches: Sequence[Any], dtypes: Dict[int, Any]) -> Tuple[List[Dict
     for launch in launches:
         types = [f"*{_triton_type(dtypes[b])}" for b in launch.buffers]
         types += [f"*{_triton_type(dt)}" for dt in launch.scalar_buffers()] if launch.memory else \
-            ["fp64" if f else "i64" for f in launch.floats]
+            launch.scalar_types()
         key = (launch.name, tuple(types), launch.num_warps, launch.debug)
         if key not in seen:
             seen[key] = len(reqs)
