@@ -47,7 +47,6 @@ Python numbers (a graph replay checks they are unchanged).
 """
 from __future__ import annotations
 
-import ctypes
 import operator
 import os
 import struct
@@ -270,19 +269,11 @@ class Program:
         if self._scal is None:
             return
         try:
-            packed = self._pack.pack(*self._gather((*scalars, 0))[:-1])
+            host = bytearray(self._pack.pack(*self._gather((*scalars, 0))[:-1]))
         except struct.error:  # a number of another type than its slot's (an integral float in an int64 slot)
-            packed = self._pack.pack(*[0.0 if s is None else float(scalars[s]) for s in self._float_slots],
-                                     *[0 if s is None else int(scalars[s]) for s in self._int_slots])
-        if self.device.type != "cuda":
-            self._scal.view(torch.uint8).copy_(torch.frombuffer(bytearray(packed), dtype=torch.uint8))
-            return
-        # Note [Scalars from pinned memory]: a copy from pageable memory stages through the driver (~70 us of host
-        # time a run); one from pinned memory is an asynchronous DMA. torch's caching host allocator hands this
-        # block out again only once the copy that reads it has run (the copy records its event on the block).
-        host = torch.empty(len(packed), dtype=torch.uint8, pin_memory=True)
-        ctypes.memmove(host.data_ptr(), packed, len(packed))
-        self._scal.view(torch.uint8).copy_(host, non_blocking=True)
+            host = bytearray(self._pack.pack(*[0.0 if s is None else float(scalars[s]) for s in self._float_slots],
+                                             *[0 if s is None else int(scalars[s]) for s in self._int_slots]))
+        self._scal.view(torch.uint8).copy_(torch.frombuffer(host, dtype=torch.uint8), non_blocking=True)
 
     def ready(self) -> bool:
         """Whether a run launches the compiled kernels (not the reference executor of a tiered compile)."""
