@@ -10,7 +10,9 @@ rendezvous, gloo on the cpu), once with 1 process and once with 2. Every rank tr
 TinyGPT, sized by the flags) on its own batch of --batch sequences; each step is forward, backward (DDP all-reduces
 the gradients: inside the step's graph on lazy), AdamW, and a sync (lazy: ``lazy.mark_step()``); ``capture`` is
 lazy with forward, backward, optimizer step and zero_grad in one ``lazy.compile``d function (captured at its third
-call, after the optimizer's first step and DDP's bucket rebuild; replayed from then on, collectives included). Time
+call, after the optimizer's first step and DDP's bucket rebuild; replayed from then on, collectives included);
+``capture-ro`` (on cuda) is the same under ``mode="reduce-overhead"``: the step replays as one CUDA graph, its
+all-reduce inside (Note [Collectives in a CUDA graph] in lazy/runtime/cuda_graph.py). Time
 per step is the median (and the fastest: "best ms") over --steps steps after --warmup steps on rank 0; "cpu ms" is
 the median CPU time of rank 0's process per step (its threads together: on a shared machine it moves less than the
 wall time with other work). Samples/s = ranks x batch / step time; scaling is
@@ -53,7 +55,7 @@ def worker(args: argparse.Namespace) -> None:
         torch.cuda.set_device(rank)
         lazy.config.backing_device = f"cuda:{rank}"
     eager_pg = "nccl" if cuda else "gloo"
-    on_lazy = backend in ("lazy", "capture")
+    on_lazy = backend in ("lazy", "capture", "capture-ro")
     dist.init_process_group("lazy" if on_lazy else eager_pg, init_method=os.environ["DIST_INIT"],
                             rank=rank, world_size=world)
     device = "lazy" if on_lazy else f"cuda:{rank}" if cuda else "cpu"
@@ -74,8 +76,8 @@ def worker(args: argparse.Namespace) -> None:
         opt.step()
         return loss.detach()
 
-    if backend == "capture":
-        train_step = lazy.compile(train_step)
+    if backend in ("capture", "capture-ro"):
+        train_step = lazy.compile(train_step, mode="reduce-overhead" if backend == "capture-ro" else "default")
     times, cpu = [], []
     for step in range(args.warmup + args.steps):
         seq = batches[step % len(batches)]
@@ -142,17 +144,18 @@ def main() -> None:
     print(f"TinyGPT d={args.d} layers={args.layers} block={args.block} vocab={args.vocab}, batch {args.batch} per "
           f"rank, DDP + AdamW, {'NCCL' if args.device == 'cuda' else 'gloo'}, 1 thread per process; median of "
           f"{args.steps} steps after {args.warmup}")
-    backends = ["eager", "lazy", "capture"] + ([] if args.no_compile else ["compile"])
+    backends = ["eager", "lazy", "capture"] + (["capture-ro"] if args.device == "cuda" else []) + \
+        ([] if args.no_compile else ["compile"])
     del args.no_compile
     results = {(b, w): launch(b, w, args) for w in (1, 2) for b in backends}
-    print(f"{'backend':<9}{'ranks':>6}{'step ms':>10}{'best ms':>9}{'cpu ms':>8}{'samples/s':>11}{'vs eager':>10}"
+    print(f"{'backend':<11}{'ranks':>6}{'step ms':>10}{'best ms':>9}{'cpu ms':>8}{'samples/s':>11}{'vs eager':>10}"
           f"{'first ms':>10}{'loss':>9}")
     for w in (1, 2):
         for b in backends:
             r = results[(b, w)]
             sps = w * args.batch / (r["step_ms"] / 1e3)
             ratio = results[("eager", w)]["step_ms"] / r["step_ms"]
-            print(f"{b:<9}{w:>6}{r['step_ms']:>10.2f}{r['best_ms']:>9.2f}{r['cpu_ms']:>8.2f}{sps:>11.0f}{ratio:>9.2f}x"
+            print(f"{b:<11}{w:>6}{r['step_ms']:>10.2f}{r['best_ms']:>9.2f}{r['cpu_ms']:>8.2f}{sps:>11.0f}{ratio:>9.2f}x"
                   f"{r['first_ms']:>10.0f}{r['loss']:>9.4f}")
     print("vs eager: eager's step time over the backend's (above 1: faster than eager DDP)")
     for b in backends:

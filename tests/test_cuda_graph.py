@@ -178,7 +178,8 @@ def test_random_ops_run_without_a_graph():
 
 
 def test_which_programs_a_graph_can_replay():
-    """Random ops and collectives keep a program off CUDA graphs; attention that draws nothing does not."""
+    """Random ops keep a program off CUDA graphs, collectives a cached mark_step program (a captured step's may be
+    graphed: Note [Collectives in a CUDA graph]); attention that draws nothing does not."""
     from types import SimpleNamespace
 
     from lazy.runtime.cuda_graph import ungraphable
@@ -189,6 +190,8 @@ def test_which_programs_a_graph_can_replay():
     assert ungraphable(program("aten.mm.default", "unseeded[aten._scaled_dot_product_efficient_attention]")) is None
     assert "seeded[aten.native_dropout" in ungraphable(program("aten.mm.default", "seeded[aten.native_dropout]"))
     assert "c10d_all_reduce" in ungraphable(program("lazy.c10d_all_reduce"))
+    assert ungraphable(program("aten.mm.default", "lazy.c10d_all_reduce"), collectives=True) is None
+    assert "seeded[" in ungraphable(program("lazy.c10d_all_reduce", "seeded[aten.native_dropout]"), collectives=True)
 
 
 def test_a_replay_overwrites_static_memory_only_when_nothing_else_reads_it():
