@@ -11,8 +11,8 @@ TinyGPT, sized by the flags) on its own batch of --batch sequences; each step is
 the gradients: inside the step's graph on lazy), AdamW, and a sync (lazy: ``lazy.mark_step()``); ``capture`` is
 lazy with forward, backward, optimizer step and zero_grad in one ``lazy.compile``d function (captured at its third
 call, after the optimizer's first step and DDP's bucket rebuild; replayed from then on, collectives included);
-``capture-ro`` (on cuda) is the same under ``mode="reduce-overhead"``: the step replays as one CUDA graph, its
-all-reduce inside (Note [Collectives in a CUDA graph] in lazy/runtime/cuda_graph.py). Time
+``capture-ro`` (on cuda) is the same under ``mode="reduce-overhead"``: with 1 rank the step replays as one CUDA
+graph; with 2 it runs as ``capture`` does (Note [Collectives in a CUDA graph] in lazy/runtime/cuda_graph.py). Time
 per step is the median (and the fastest: "best ms") over --steps steps after --warmup steps on rank 0; "cpu ms" is
 the median CPU time of rank 0's process per step (its threads together: on a shared machine it moves less than the
 wall time with other work). Samples/s = ranks x batch / step time; scaling is

@@ -194,6 +194,20 @@ def test_which_programs_a_graph_can_replay():
     assert "seeded[" in ungraphable(program("lazy.c10d_all_reduce", "seeded[aten.native_dropout]"), collectives=True)
 
 
+def test_collectives_are_graphed_for_a_captured_step_on_one_rank_only(monkeypatch):
+    """Note [Collectives in a CUDA graph]: over one rank a captured step's collectives stay in its graph; over more
+    ranks, and in a cached mark_step program, they keep it off graphs."""
+    from types import SimpleNamespace
+
+    from lazy.runtime import cuda_graph
+
+    program = SimpleNamespace(externs_by_op={"aten.mm.default": 1, "lazy.c10d_all_reduce": 1}, device=None)
+    assert cuda_graph.GraphedProgram(program, {}, set(), []).disabled is None
+    assert "c10d_all_reduce" in cuda_graph.GraphedProgram(program, {}, set(), [], optional=True).disabled
+    monkeypatch.setattr(cuda_graph, "_ranks", lambda: 2)
+    assert "c10d_all_reduce" in cuda_graph.GraphedProgram(program, {}, set(), []).disabled
+
+
 def test_a_replay_overwrites_static_memory_only_when_nothing_else_reads_it():
     """Note [CUDA-graph replay]: the reference-count check behind ``cuda_graph.unsafe_runs``, without a GPU: a data
     leaf bound to static memory may be overwritten while only its storage holds it, not while recorded IR does."""
