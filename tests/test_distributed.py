@@ -170,6 +170,49 @@ def test_ddp_buckets_are_all_reduced_without_copies(one_rank, as_view):
         lazy.mark_step()
 
 
+def test_captured_ddp_step_under_reduce_overhead_trains_as_eager(one_rank):
+    """Note [Collectives in a CUDA graph]: over one rank, a DDP step under lazy.compile(mode="reduce-overhead")
+    replays with its collectives (on cuda as one CUDA graph) and trains as eager does."""
+    import copy
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    sys.path.insert(0, HERE)
+    from models import MLP
+    torch.manual_seed(0)
+    eager = MLP()
+    model = copy.deepcopy(eager).to(L)
+    ddp = DDP(model)
+    lazy.mark_step()
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, eager)]
+
+    def train(net, opt, x):
+        loss = net(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    def step(net, opt, x):  # compiled itself (Note [Compiled functions are themselves]): eager calls ``train``
+        return train(net, opt, x)
+
+    compiled = lazy.compile(step, mode="reduce-overhead")
+    metrics.reset()
+    cuda = lazy.config.backing_device.startswith("cuda")
+    try:
+        for i in range(6):
+            x = torch.randn(6, 20, generator=torch.Generator().manual_seed(i))
+            with lazy.config.override(compiler="triton" if cuda else lazy.config.compiler):  # its kernels at once
+                got = compiled(ddp, opts[0], x.to(L))
+            torch.testing.assert_close(got.cpu(), train(eager, opts[1], x), rtol=1e-4, atol=1e-5)
+        for p, q in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.cpu(), q, rtol=1e-4, atol=1e-5)
+        assert metrics.counter("capture.replays") >= 2
+        if cuda:
+            assert metrics.counter("cuda_graph.replays") >= 1
+    finally:
+        lazy.compile.reset()
+
+
 def test_all_reduce_of_a_buffer_written_in_pieces(one_rank):
     """Note [All-reduce of a buffer written in pieces]: blocks no write reached come from the value under the writes;
     overlapping writes keep the plain all-reduce of the chain."""
