@@ -8,7 +8,11 @@ Measured in one run, each figure the fastest of interleaved rounds (the box is s
      trivial function and for a function of 10 tensor arguments;
   3. a 200-op pointwise chain at 16x16: eager, cached lazy.compile, cached torch.compile (lazy's overhead apart from
      its kernel, as in 1);
-  4. the frame hook's cost on a plain Python call that is not compiled (the hook installed vs not).
+  4. the frame hook's cost on a plain Python call that is not compiled (the hook installed vs not);
+  5. the guard check of a captured training step (the 6x384 GPT of benchmarks/train_step.py, AdamW): with warm
+     caches, and after a 64 MB sweep has evicted them (as a step's own work does between two checks), with and
+     without the prefetch of what the last check read (Note [Prefetching what the last run read] in
+     csrc/capture_guards.cpp).
 
     python benchmarks/capture_overhead.py          # ~1 min
 """
@@ -164,6 +168,51 @@ def hook_on_plain_calls() -> None:
           "functions through vectorcall, not inline, while any PEP 523 hook is installed)")
 
 
+def step_guards() -> None:
+    import statistics
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from train_step import loss_of, make_batch, make_model
+    torch.manual_seed(0)
+    model = make_model("gpt6x384").to(L)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batches = [make_batch("gpt6x384", i, 1) for i in range(3)]
+
+    def step(x, y):
+        loss = loss_of("gpt6x384", model(x.to(L)), y.to(L))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    lazy.compile(step)
+    for b in batches:
+        step(*b)
+    entry = state_of(step).entries[-1]
+    program, A = entry.guard_program, batches[0]
+    assert program(A)
+    sweep = torch.empty(64 << 20, dtype=torch.uint8)
+    print(f"\n5. a captured 6x384 GPT step's guard check ({entry.num_guards} guards, {program.size} instructions), µs "
+          f"({load()})")
+    for prefetch in (False, True):
+        _C.set_guard_prefetch(prefetch)
+        warm, cold = [], []
+        for _ in range(40):
+            program(A)
+            start = time.perf_counter()
+            program(A)
+            warm.append(time.perf_counter() - start)
+            sweep.add_(1)  # evicts the caches
+            start = time.perf_counter()
+            program(A)
+            cold.append(time.perf_counter() - start)
+        print(f"prefetch {'on ' if prefetch else 'off'}: warm {min(warm) * 1e6:7.1f} (median "
+              f"{statistics.median(warm) * 1e6:7.1f}), after a 64 MB sweep {min(cold) * 1e6:7.1f} (median "
+              f"{statistics.median(cold) * 1e6:7.1f})")
+    _C.set_guard_prefetch(True)
+    lazy.compile.reset()
+
+
 def main() -> None:
     print(machine.describe())
     lazy.config.capture_verify = False
@@ -171,6 +220,7 @@ def main() -> None:
     guard_checks()
     chain_200()
     hook_on_plain_calls()
+    step_guards()
 
 
 if __name__ == "__main__":

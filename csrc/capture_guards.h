@@ -15,4 +15,8 @@ bool init_guard_types();
 // (Note [Replay loads in C]).
 PyObject* guard_program(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
+// set_guard_prefetch(enabled): whether programs prefetch what their last run read (Note [Prefetching what the last
+// run read]); on by default, off only to measure it (benchmarks/capture_overhead.py).
+PyObject* set_guard_prefetch(PyObject* self, PyObject* enabled);
+
 }  // namespace lazy

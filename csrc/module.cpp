@@ -78,6 +78,8 @@ PyMethodDef methods[] = {
     {"guard_program", FASTCALL(lazy::guard_program), METH_FASTCALL,
      "guard_program(instructions, nregs, lazy_type, module_type[, outputs]): an entry's guards, or a replay's loads, "
      "as a C program (csrc/capture_guards.cpp)."},
+    {"set_guard_prefetch", lazy::set_guard_prefetch, METH_O,
+     "set_guard_prefetch(enabled): whether guard programs prefetch what their last run read (csrc/capture_guards.cpp)."},
     {"data_leaf", lazy::data_leaf_py, METH_O, "data_leaf(tensor): a data leaf Node holding tensor (csrc/replay_io.cpp)."},
     {"replay_inputs", FASTCALL(lazy::replay_inputs), METH_FASTCALL,
      "replay_inputs(tensors, pending, miss) -> the data of each lazy tensor's storage (csrc/replay_io.cpp)."},

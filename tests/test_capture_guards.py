@@ -290,3 +290,39 @@ def test_load_programs_return_what_python_reads():
         program((EMPTY_NET, state, []))
     with pytest.raises(LookupError):
         program((NET, {}, []))
+
+
+
+def test_programs_answer_alike_with_and_without_prefetch():
+    """Note [Prefetching what the last run read]: a program prefetches the addresses its last run read, never reads
+    them; it answers the same with the prefetch off, and after what its last run read was freed (the argument of
+    the call before)."""
+    import gc
+
+    from lazy import _C
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).to(L)
+    holder = Obj(model=model)
+
+    def f(x):
+        return holder.model(x)
+
+    try:
+        with lazy.config.override(capture_verify=False), torch.no_grad():
+            lazy.compile(f)
+            f(torch.randn(2, 4).to(L))
+            program = state_of(f).entries[0].guard_program
+            for prefetch in (True, False):
+                _C.set_guard_prefetch(prefetch)
+                assert program((torch.randn(2, 4).to(L),))  # its tensor freed right after: stale addresses
+                gc.collect()
+                assert program((torch.randn(2, 4).to(L),)) and program((torch.randn(2, 4).to(L),))
+                assert program.prefetched > program.size or not prefetch  # what the runs read, recorded
+                assert not program((torch.randn(3, 4).to(L),)) and not program((torch.randn(2, 4),))
+                holder.model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).to(L)
+                assert not program((torch.randn(2, 4).to(L),))  # another module: its identity guard fails
+                holder.model = model
+                assert program((torch.randn(2, 4).to(L),))
+    finally:
+        _C.set_guard_prefetch(True)
+        lazy.compile.reset()
