@@ -113,3 +113,22 @@ def test_key_does_not_import_triton():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_builds_leave_no_temp_dirs(tmp_path, monkeypatch):
+    """Each C++ build's private temp dir is removed once its library is cached or loaded, with the cache on and off
+    (a run that compiled thousands of graphs left thousands behind)."""
+    import tempfile
+
+    from lazy.cache import graph_cache
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    os.makedirs(tempfile.tempdir)
+    x = torch.randn(8, 8)
+    for scale, cache_dir in ((1.25, str(tmp_path / "cache")), (1.75, "")):
+        graph_cache.clear()  # no program of an earlier test's graph
+        with lazy.config.override(compiler="cpp", cache_dir=cache_dir):
+            metrics.reset()
+            got = ((x.to("lazy") * scale).exp().sum(1) + 3).cpu()
+            assert metrics.counter("cpp.compiles") == 1
+        torch.testing.assert_close(got, (x * scale).exp().sum(1) + 3)
+        assert os.listdir(tempfile.tempdir) == []

@@ -11,6 +11,7 @@ import ctypes
 import math
 import os
 import shlex
+import shutil
 import subprocess
 import tempfile
 import time
@@ -77,9 +78,8 @@ def flags() -> List[str]:
     return list(FLAGS) + list(target().flags)
 
 
-def _build(source: str) -> str:
-    """Compile ``source`` into a shared library in a private temp dir; returns its path."""
-    tmp = tempfile.mkdtemp(prefix="lazy-cpp-")
+def _build(source: str, tmp: str) -> str:
+    """Compile ``source`` into a shared library in the directory ``tmp``; returns its path."""
     src, so = os.path.join(tmp, "graph.cpp"), os.path.join(tmp, "graph.so")
     with open(src, "w") as f:
         f.write(source)
@@ -120,10 +120,16 @@ class Program:
 
     def _load(self, key: str, source: str) -> Any:
         path = disk.lookup(key, source)
-        if path is None:
-            built = _build(source)
-            path = disk.store(key, source, built) or built
-        return ctypes.CDLL(path)
+        if path is not None:
+            return ctypes.CDLL(path)
+        # built in a private temp dir, removed once the library is in the disk cache or loaded (a loaded library
+        # stays mapped when its file is gone): one dir per compile filled /tmp over a long session
+        tmp = tempfile.mkdtemp(prefix="lazy-cpp-")
+        try:
+            built = _build(source, tmp)
+            return ctypes.CDLL(disk.store(key, source, built) or built)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def _plan(self, lowered: Any, sched: Any, segments: List[List[Kernel]]) -> None:
         """Flat run-time plan (Note [Run plan]): steps as tuples, kernel-only temporaries at fixed arena offsets."""
