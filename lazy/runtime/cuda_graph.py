@@ -24,8 +24,8 @@ arguments, which decides the rest:
   is, runs the program without the graph instead (fresh outputs, nothing overwritten; ``cuda_graph.unsafe_runs``).
 - **Not graphed**: programs with random ops (their generators are made per run), programs with collectives over
   more than one rank and cached ``mark_step`` programs with any (Note [Collectives in a CUDA graph]), and programs
-  whose kernels are not compiled yet (tiered compilation); these run as the plain program. The first run after the kernels are ready is a plain one too
-  (warm-up: allocator, cuBLAS workspaces), the second captures.
+  whose kernels are not compiled yet (tiered compilation); these run as the plain program. The first run after
+  the kernels are ready is a plain one too (warm-up: allocator, cuBLAS workspaces), the second captures.
 
 Note [Collectives in a CUDA graph]
 A data-parallel script run on one rank (DDP over a group of one) records its collectives like any other; over one
