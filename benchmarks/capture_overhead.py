@@ -19,16 +19,15 @@ Measured in one run, each figure the fastest of interleaved rounds (the box is s
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 
 import torch
+from common import chain, temp_dir
 
 os.environ.setdefault("LAZY_COMPILER", "cpp")
-os.environ["LAZY_CACHE_DIR"] = tempfile.mkdtemp(prefix="lazy-bench-cache-")
+os.environ["LAZY_CACHE_DIR"] = temp_dir("lazy-bench-cache-")
 import lazy  # noqa: E402
 import machine  # noqa: E402
-from common import chain  # noqa: E402
 from lazy import _C  # noqa: E402
 from lazy.capture.function import state_of  # noqa: E402
 

@@ -9,11 +9,20 @@ generation runs (Note [Kernel ISA] in lazy/runtime/cpp_isa.py).
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
-import tempfile
 import sys
+import tempfile
 from typing import Callable, List, Optional, Sequence
+
+def temp_dir(prefix: str) -> str:
+    """A temp directory removed when the process exits (a benchmark's private compile cache)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
 
 # LAZY_CPU_ISA -> ATEN_CPU_CAPABILITY (None: torch's own choice, the machine's best)
 ATEN_CAPABILITY = {"native": None, "avx512": "avx512", "avx2": "avx2"}

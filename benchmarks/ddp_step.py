@@ -28,10 +28,10 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import machine
+from common import temp_dir
 
 RESULT = "RESULT "
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -106,7 +106,7 @@ def worker(args: argparse.Namespace) -> None:
 
 def launch(backend: str, world: int, args: argparse.Namespace) -> dict:
     """Run ``world`` ranks of the worker for ``backend``; rank 0's result."""
-    tmp = tempfile.mkdtemp(prefix="lazy-ddp-bench-")
+    tmp = temp_dir("lazy-ddp-bench-")
     flags = [f"--{k}={getattr(args, k)}" for k in ("d", "layers", "block", "vocab", "batch", "steps", "warmup",
                                                       "device")]
     env = dict(os.environ, WORLD_SIZE=str(world), DIST_INIT=f"file://{tmp}/store", OMP_NUM_THREADS="1",

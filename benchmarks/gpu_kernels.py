@@ -17,19 +17,20 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
+
+from common import cached_run, chain, temp_dir
 
 os.environ.setdefault("LAZY_BACKING_DEVICE", "cuda")
 os.environ.setdefault("LAZY_COMPILER", "triton")
-os.environ.setdefault("LAZY_CACHE_DIR", tempfile.mkdtemp(prefix="lazy-bench-cache-"))
+if "LAZY_CACHE_DIR" not in os.environ:
+    os.environ["LAZY_CACHE_DIR"] = temp_dir("lazy-bench-cache-")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import lazy  # noqa: E402
 import machine  # noqa: E402
-from common import cached_run, chain  # noqa: E402
 from lazy.debug import metrics  # noqa: E402
 
 def timed(fn, reps: int) -> float:

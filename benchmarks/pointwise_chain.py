@@ -19,16 +19,15 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 import torch
+from common import add_isa_argument, cached_run, chain, isa_line, rerun_per_isa, restrict_inductor, temp_dir
 
 os.environ.setdefault("LAZY_COMPILER", "cpp")
-os.environ["LAZY_CACHE_DIR"] = tempfile.mkdtemp(prefix="lazy-bench-cache-")  # first compile really compiles
+os.environ["LAZY_CACHE_DIR"] = temp_dir("lazy-bench-cache-")  # first compile really compiles
 import lazy  # noqa: E402
 import machine  # noqa: E402
-from common import add_isa_argument, cached_run, chain, isa_line, rerun_per_isa, restrict_inductor  # noqa: E402
 from lazy.cache import graph_cache  # noqa: E402
 
 def bench(fns, reps: int) -> list:
@@ -66,7 +65,7 @@ print(t1 - t0, t2 - t1, metrics.counter("disk_cache.hit"), metrics.counter("cpp.
 
 def fresh_process(n: int, runs: int = 3) -> None:
     """(b): a new process whose disk cache holds the graph: time to record the chain and to sync it (disk hit)."""
-    env = dict(os.environ, LAZY_CACHE_DIR=tempfile.mkdtemp(prefix="lazy-bench-cache-"))
+    env = dict(os.environ, LAZY_CACHE_DIR=temp_dir("lazy-bench-cache-"))
     cmd = [sys.executable, "-c", FRESH.format(n=n)]
     subprocess.run(cmd, env=env, check=True, capture_output=True)  # fills the cache
     best = None

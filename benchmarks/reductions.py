@@ -15,10 +15,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 
-from common import add_isa_argument, cached_run, isa_line, rerun_per_isa, restrict_inductor
+from common import add_isa_argument, cached_run, isa_line, rerun_per_isa, restrict_inductor, temp_dir
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,7 +38,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 os.environ.setdefault("LAZY_COMPILER", "cpp")
-os.environ["LAZY_CACHE_DIR"] = tempfile.mkdtemp(prefix="lazy-bench-cache-")  # every graph really compiles
+os.environ["LAZY_CACHE_DIR"] = temp_dir("lazy-bench-cache-")  # every graph really compiles
 import lazy  # noqa: E402
 import machine  # noqa: E402
 

@@ -4,6 +4,7 @@ runtime scalars, fallback on what the renderer cannot express, and a training st
 On the cpu backing device the kernels run under Triton's interpreter (conftest.py sets TRITON_INTERPRET=1 there);
 with LAZY_BACKING_DEVICE=cuda they are compiled by Triton and compared against eager CUDA.
 """
+import os
 import re
 import warnings
 
@@ -357,3 +358,20 @@ def test_repeated_layers_share_one_function_per_distinct_kernel():
     from lazy.capture.function import state_of
     memory = getattr(state_of(f).entries[0].program, "program", state_of(f).entries[0].program)
     assert memory.scalar_memory and len({launch.name for launch in memory.launches}) == 1
+
+
+def test_without_the_disk_cache_a_process_keeps_one_temp_dir(tmp_path, monkeypatch):
+    """With lazy's disk cache disabled, the graphs' Triton modules go to one temp dir of the process (removed at its
+    exit), not one per graph."""
+    import tempfile
+
+    from lazy.runtime import triton_build
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(triton_build, "_PRIVATE", [])
+    graph_cache.clear()
+    with lazy.config.override(cache_dir=""):
+        for scale in (1.5, 2.5):  # two graphs (the second multiplies twice), two modules
+            run(lambda x: (x * scale).sin() if scale < 2 else (x * scale * scale).cos(), torch.randn(4, 4))
+    made = os.listdir(tmp_path)
+    assert len(made) == 1 and made[0].startswith("lazy-triton-")
+    assert len([f for f in os.listdir(tmp_path / made[0]) if f.startswith("lz_")]) == 2

@@ -60,6 +60,19 @@ def triton_cache_dir() -> Optional[str]:
     return path
 
 
+_PRIVATE: List[str] = []  # the process's one temp dir where the disk cache is disabled
+
+
+def _private_dir() -> str:
+    """A temp directory of this process (removed at its exit): Triton's cache and the graphs' modules where lazy's
+    disk cache is disabled. One per process, not one per graph: each was left behind."""
+    if not _PRIVATE:
+        path = tempfile.mkdtemp(prefix="lazy-triton-")
+        atexit.register(shutil.rmtree, path, True)
+        _PRIVATE.append(path)
+    return _PRIVATE[0]
+
+
 def use_cache_dir(interpret: bool) -> None:
     """Point Triton's cache at lazy's (Note [Triton compiles]); inherited by the worker processes. Before triton
     is first imported, choose its interpreter if the kernels run on the cpu."""
@@ -68,7 +81,8 @@ def use_cache_dir(interpret: bool) -> None:
         os.environ["TRITON_INTERPRET"] = "1"
     path = triton_cache_dir()
     if path is None:
-        path = tempfile.mkdtemp(prefix="lazy-triton-")
+        path = os.path.join(_private_dir(), "triton")
+        os.makedirs(path, mode=0o700, exist_ok=True)
     os.environ["TRITON_CACHE_DIR"] = path
     try:
         from triton import knobs
@@ -81,7 +95,7 @@ def module_path(key: str, source: str) -> str:
     """The path of the graph's module file (in the cache directory, else a private temp directory)."""
     root = disk.cache_dir()
     if root is None:
-        root = tempfile.mkdtemp(prefix="lazy-triton-")
+        root = _private_dir()
     path = os.path.join(root, f"lz_{key[:32]}.py")
     data = source.encode()
     try:
