@@ -127,6 +127,9 @@ inline void touch_instance_dict(PyObject* o) {
   PyTypeObject* tp = Py_TYPE(o);
   uintptr_t slot = 0;
   if (tp->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
+#if PY_VERSION_HEX >= 0x030D0000
+    return;  // another layout (inline values): the objects themselves are still prefetched
+#endif
     const uintptr_t* pre = reinterpret_cast<const uintptr_t*>(o);
     slot = pre[-3];
 #if PY_VERSION_HEX >= 0x030C0000
