@@ -97,7 +97,8 @@ struct GuardProgram {
 // gradients) costs a useless prefetch, never a wrong answer, and the program holds no reference that would keep
 // anything alive. Measured on a 6-layer GPT step's 1,716 guards (benchmarks/capture_overhead.py, section 5): after
 // a 64 MB sweep 0.52-0.56 ms without the prefetch, 0.30-0.37 ms with it; with warm caches the recording costs
-// 0.13 -> 0.15 ms.
+// 0.13 -> 0.15 ms. A replay's load program (Note [Replay loads in C]) runs right after its entry's guard program,
+// which has just read the same objects: it neither prefetches nor records.
 thread_local std::vector<const void*>* t_touched = nullptr;  // the running program's record (null: none)
 bool g_prefetch = true;  // set_guard_prefetch
 
@@ -461,7 +462,8 @@ PyObject* run(GuardProgram* self, PyObject* A) {
   for (int i = 0; i < self->nregs; ++i) r[i] = nullptr;
   std::vector<const void*> touched;
   std::vector<const void*>* outer = t_touched;  // a program run by a guard's Python call records its own
-  if (g_prefetch) {  // Note [Prefetching what the last run read]
+  const bool prefetching = g_prefetch && self->outputs == nullptr;  // guard programs only
+  if (prefetching) {  // Note [Prefetching what the last run read]
     prefetch(*self->consts);
     prefetch(*self->warm);
     touched.reserve(self->warm->size());
@@ -481,7 +483,7 @@ PyObject* run(GuardProgram* self, PyObject* A) {
     }
   }
   t_touched = outer;
-  if (ok && g_prefetch) self->warm->swap(touched);
+  if (ok && prefetching) self->warm->swap(touched);
   PyObject* result;
   if (self->outputs == nullptr) {
     if (!ok && PyErr_Occurred()) PyErr_Clear();  // a guard that raises does not hold (the Python check's except)
@@ -507,15 +509,18 @@ PyObject* program_vectorcall(PyObject* self, PyObject* const* args, size_t nargs
   return run(reinterpret_cast<GuardProgram*>(self), args[0]);
 }
 
+// Drops an instruction list (its constants' references with it).
+void free_code(std::vector<Ins>* code) {
+  for (Ins& done : *code) {
+    Py_XDECREF(done.a);
+    Py_XDECREF(done.b);
+  }
+  delete code;
+}
+
 void program_dealloc(PyObject* self) {
   auto* p = reinterpret_cast<GuardProgram*>(self);
-  if (p->code != nullptr) {
-    for (Ins& ins : *p->code) {
-      Py_XDECREF(ins.a);
-      Py_XDECREF(ins.b);
-    }
-    delete p->code;
-  }
+  if (p->code != nullptr) free_code(p->code);
   delete p->outputs;
   delete p->warm;
   delete p->consts;
@@ -613,11 +618,7 @@ PyObject* guard_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                                    !PyUnicode_Check(PyTuple_GET_ITEM(a, 0)) || !PyLong_Check(PyTuple_GET_ITEM(a, 1)) ||
                                    !PyTuple_Check(b) || PyTuple_GET_SIZE(b) != 7 ||
                                    !PyLong_Check(PyTuple_GET_ITEM(b, 3))))) {
-      for (Ins& done : *code) {
-        Py_XDECREF(done.a);
-        Py_XDECREF(done.b);
-      }
-      delete code;
+      free_code(code);
       if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "guard_program: bad instruction %zd", i);
       return nullptr;
     }
@@ -640,22 +641,14 @@ PyObject* guard_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       outputs->push_back(static_cast<int>(reg));
     }
     if (outputs == nullptr) {
-      for (Ins& done : *code) {
-        Py_XDECREF(done.a);
-        Py_XDECREF(done.b);
-      }
-      delete code;
+      free_code(code);
       return nullptr;
     }
   }
   auto* p = PyObject_New(GuardProgram, &GuardProgramType);
   if (p == nullptr) {
     delete outputs;
-    for (Ins& done : *code) {
-      Py_XDECREF(done.a);
-      Py_XDECREF(done.b);
-    }
-    delete code;
+    free_code(code);
     return nullptr;
   }
   p->vectorcall = program_vectorcall;
@@ -665,12 +658,14 @@ PyObject* guard_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   p->outputs = outputs;
   p->warm = new std::vector<const void*>();
   p->consts = new std::vector<const void*>();
-  for (const Ins& ins : *code) {
-    for (PyObject* c : {ins.a, ins.b}) {
-      if (c == nullptr || c == Py_None) continue;
-      p->consts->push_back(c);
-      if (PyTuple_Check(c)) {
-        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(c); ++k) p->consts->push_back(PyTuple_GET_ITEM(c, k));
+  if (outputs == nullptr) {  // a guard program prefetches its constants (a load program prefetches nothing)
+    for (const Ins& ins : *code) {
+      for (PyObject* c : {ins.a, ins.b}) {
+        if (c == nullptr || c == Py_None) continue;
+        p->consts->push_back(c);
+        if (PyTuple_Check(c)) {
+          for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(c); ++k) p->consts->push_back(PyTuple_GET_ITEM(c, k));
+        }
       }
     }
   }
