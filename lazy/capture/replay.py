@@ -298,7 +298,7 @@ def _loads_in_c(r: Renderer) -> tuple:
     capture_guards.cpp, the lookup a guard makes, nn.Module's included), which returns their values as a tuple;
     the others (calls) stay Python lines after it. A load program that cannot read a value raises as the Python
     line would (the guards just read the same state)."""
-    names = {e: name for e, name in r.temps.items()}
+    names = dict(r.temps)
     exprs = list(names)
     program, which = compile_loads(exprs)
     if program is None:

@@ -236,19 +236,6 @@ def _decompose(lines: List[str], indent: str, flat: str, vs: Sequence[Expr], nam
     lines.extend(reversed(parts))
 
 
-def _scalars(roots: List[Expr]) -> Dict[int, bool]:
-    found: Dict[int, bool] = {}
-    todo, seen = list(roots), set()
-    while todo:
-        for e in kir.walk(todo.pop()):
-            if e.op == "scalar":
-                found[e.args[0]] = e.dtype.is_floating_point
-            elif e.op == "reduce" and e.args[0] not in seen:
-                seen.add(e.args[0])
-                todo.append(e.args[0].body)
-    return dict(sorted(found.items()))
-
-
 # Note [Scalars read as float32]
 # A runtime scalar is a float64 slot, but a float32 kernel reads most of its float scalars only as float32 (x * 1.01
 # computes in float32, as eager's opmath does: the lowering casts the scalar). Taken as float64, each was
@@ -257,19 +244,22 @@ def _scalars(roots: List[Expr]) -> Dict[int, bool]:
 # rounds the Python float to float32 once per launch (round to nearest even, as the kernel's conversion did), so
 # the values are the same bits. Slots read any other way (float64 arithmetic, a store) stay float64; scalars
 # loaded from device memory (Note [Scalars in device memory]) stay float64 too.
-def _float32_slots(roots: List[Expr], scalars: Dict[int, bool]) -> frozenset:
-    """The float scalar slots of ``scalars`` every use of which under ``roots`` is a cast to float32."""
-    wide = {e.args[0] for e in roots if e.op == "scalar"}
+def _scalars(roots: List[Expr]) -> Tuple[Dict[int, bool], frozenset]:
+    """The runtime scalar slots under ``roots`` (slot -> whether it is a float one), and the float slots every use
+    of which is a cast to float32 (Note [Scalars read as float32])."""
+    found: Dict[int, bool] = {}
+    wide = {e.args[0] for e in roots if e.op == "scalar"}  # read other than through a cast to float32
     todo, seen = list(roots), set()
     while todo:
         for e in kir.walk(todo.pop()):
-            if e.op == "reduce" and e.args[0] not in seen:
+            if e.op == "scalar":
+                found[e.args[0]] = e.dtype.is_floating_point
+            elif e.op == "reduce" and e.args[0] not in seen:
                 seen.add(e.args[0])
                 todo.append(e.args[0].body)
+            if not (e.op == "cast" and e.dtype is torch.float32):
                 wide.update(c.args[0] for c in kir.children(e) if c.op == "scalar")
-            elif not (e.op == "cast" and e.dtype is torch.float32):
-                wide.update(c.args[0] for c in kir.children(e) if c.op == "scalar")
-    return frozenset(s for s, f in scalars.items() if f and s not in wide)
+    return dict(sorted(found.items())), frozenset(s for s, f in found.items() if f and s not in wide)
 
 
 def _index_type(k: Kernel) -> str:
@@ -284,7 +274,7 @@ def render_kernel(k: Kernel, memory: bool = False, blocks: Optional[Blocks] = No
     blocks = blocks or default_blocks(k)
     bufs = k.buffers()
     roots = [e for _, _, e in k.stores] + [s.body for s in k.stages]
-    scalars = _scalars(roots)
+    scalars, float32 = _scalars(roots)
     debug = any(e.op == "index_checked" for r in roots for e in kir.walk(r))
     params = [f"b{b.id}" for b in bufs]
     if memory:  # offsets into the kernel's own regions of the scalar buffers, float slots and int slots apart
@@ -296,7 +286,6 @@ def render_kernel(k: Kernel, memory: bool = False, blocks: Optional[Blocks] = No
             lines.append(f"    s{s} = tl.load({'SF' if f else 'SI'} + {at[f]})")
             at[f] += 1
     else:
-        float32 = _float32_slots(roots, scalars)
         types = {s: "fp32" if s in float32 else "fp64" if f else "i64" for s, f in scalars.items()}
         params += [f"s{s}: \"{t}\"" for s, t in types.items()]
         lines = [f"@_kernel({[f's{s}' for s in scalars]!r}, {debug})", f"def {k.name}({', '.join(params)}):"]

@@ -51,7 +51,6 @@ def recompute_cost(root: kir.Expr) -> int:
     return cost
 
 
-
 def critical_path(roots: List[kir.Expr]) -> int:
     """The longest chain of dependent operations in ``roots``: an expensive op counts EXPENSIVE_COST, any other op
     1, leaves 0. A pointwise kernel with a long one is latency-bound, not memory-bound (Note [Interleaved copies] in
@@ -64,6 +63,7 @@ def critical_path(roots: List[kir.Expr]) -> int:
             own = EXPENSIVE_COST if e.op in EXPENSIVE_OPS else (0 if e.op in ("const", "var", "scalar") else 1)
             depth[e] = own + max((depth[a] for a in kir.children(e)), default=0)
     return max((depth[r] for r in roots), default=0)
+
 
 # Note [Shared values that read much]
 # recompute_cost counts operations, but a value recomputed in each consumer also reads its inputs again in each. A
