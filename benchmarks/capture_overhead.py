@@ -19,6 +19,7 @@ Measured in one run, each figure the fastest of interleaved rounds (the box is s
 from __future__ import annotations
 
 import os
+import statistics
 import time
 
 import torch
@@ -168,10 +169,7 @@ def hook_on_plain_calls() -> None:
 
 
 def step_guards() -> None:
-    import statistics
-    import sys
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from train_step import loss_of, make_batch, make_model
+    from train_step import loss_of, make_batch, make_model  # the benchmarks' directory is the script's
     torch.manual_seed(0)
     model = make_model("gpt6x384").to(L)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

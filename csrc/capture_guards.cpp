@@ -95,9 +95,9 @@ struct GuardProgram {
 // each (and for the instructions' constants), so that the memory system fetches them in parallel before the loads
 // wait on them one by one. The addresses are only prefetched, never read: an object freed since (a step's old
 // gradients) costs a useless prefetch, never a wrong answer, and the program holds no reference that would keep
-// anything alive. Measured on a 6-layer GPT step's 1,716 guards (benchmarks/capture_overhead.py, section 5): after
-// a 64 MB sweep 0.52-0.56 ms without the prefetch, 0.30-0.37 ms with it; with warm caches the recording costs
-// 0.13 -> 0.15 ms. A replay's load program (Note [Replay loads in C]) runs right after its entry's guard program,
+// anything alive. Measured on a 6-layer GPT step's 1,716 guards (benchmarks/capture_overhead.py, section 5, five
+// runs): after a 64 MB sweep 0.24-0.49 ms without the prefetch, 0.23-0.30 ms with it (5-40 % less, the more the
+// colder the check); with warm caches the recording costs 0.13 -> 0.15 ms. A replay's load program (Note [Replay loads in C]) runs right after its entry's guard program,
 // which has just read the same objects: it neither prefetches nor records.
 thread_local std::vector<const void*>* t_touched = nullptr;  // the running program's record (null: none)
 bool g_prefetch = true;  // set_guard_prefetch
