@@ -97,8 +97,9 @@ struct GuardProgram {
 // gradients) costs a useless prefetch, never a wrong answer, and the program holds no reference that would keep
 // anything alive. Measured on a 6-layer GPT step's 1,716 guards (benchmarks/capture_overhead.py, section 5, five
 // runs): after a 64 MB sweep 0.24-0.49 ms without the prefetch, 0.23-0.30 ms with it (5-40 % less, the more the
-// colder the check); with warm caches the recording costs 0.13 -> 0.15 ms. A replay's load program (Note [Replay loads in C]) runs right after its entry's guard program,
-// which has just read the same objects: it neither prefetches nor records.
+// colder the check); with warm caches the recording costs 0.13 -> 0.15 ms. A replay's load program (Note [Replay
+// loads in C]) runs right after its entry's guard program, which has just read the same objects: it neither
+// prefetches nor records.
 thread_local std::vector<const void*>* t_touched = nullptr;  // the running program's record (null: none)
 bool g_prefetch = true;  // set_guard_prefetch
 
@@ -563,7 +564,8 @@ bool init_guard_types() {
   GuardProgramType.tp_call = PyVectorcall_Call;
   GuardProgramType.tp_dealloc = program_dealloc;
   GuardProgramType.tp_getset = program_getset;
-  GuardProgramType.tp_doc = "guard_program(instructions, nregs, lazy_type, module_type): an entry's guards, callable on A (bool)";
+  GuardProgramType.tp_doc =
+      "guard_program(instructions, nregs, lazy_type, module_type): an entry's guards, callable on A (bool)";
   s_lz_desc = PyUnicode_InternFromString("_lz_desc");
   s_lz_chain = PyUnicode_InternFromString("_lz_chain");
   s_lz_st = PyUnicode_InternFromString("_lz_st");

@@ -67,7 +67,8 @@ PyMethodDef methods[] = {
      "run_program(runner, pointers, doubles, int64s, values, lo, hi, wanted) -> (error bits, [(id, tensor)]): a "
      "program's segments and extern calls without the GIL (csrc/runner.cpp)."},
     {"call_segment", FASTCALL(lazy::call_segment), METH_FASTCALL,
-     "call_segment(function, pointers, doubles, int64s) -> int: a program segment called on addresses (csrc/graph.cpp)."},
+     "call_segment(function, pointers, doubles, int64s) -> int: a program segment called on addresses "
+     "(csrc/graph.cpp)."},
     {"share_storage", FASTCALL(lazy::share_storage_py), METH_FASTCALL,
      "share_storage(view, base): the view's TensorImpl takes the base's C++ StorageImpl."},
     {"probe_layout", FASTCALL(lazy::probe_layout), METH_FASTCALL,
@@ -79,8 +80,10 @@ PyMethodDef methods[] = {
      "guard_program(instructions, nregs, lazy_type, module_type[, outputs]): an entry's guards, or a replay's loads, "
      "as a C program (csrc/capture_guards.cpp)."},
     {"set_guard_prefetch", lazy::set_guard_prefetch, METH_O,
-     "set_guard_prefetch(enabled): whether guard programs prefetch what their last run read (csrc/capture_guards.cpp)."},
-    {"data_leaf", lazy::data_leaf_py, METH_O, "data_leaf(tensor): a data leaf Node holding tensor (csrc/replay_io.cpp)."},
+     "set_guard_prefetch(enabled): whether guard programs prefetch what their last run read "
+     "(csrc/capture_guards.cpp)."},
+    {"data_leaf", lazy::data_leaf_py, METH_O,
+     "data_leaf(tensor): a data leaf Node holding tensor (csrc/replay_io.cpp)."},
     {"replay_inputs", FASTCALL(lazy::replay_inputs), METH_FASTCALL,
      "replay_inputs(tensors, pending, miss) -> the data of each lazy tensor's storage (csrc/replay_io.cpp)."},
     {"host_steps", FASTCALL(lazy::host_steps), METH_FASTCALL,

@@ -233,7 +233,8 @@ PyObject* stale_inputs(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // fails: the replay then runs those ops through torch.
 PyObject* host_steps(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 3 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2]) ||
-      PyTuple_GET_SIZE(args[1]) != PyTuple_GET_SIZE(args[0]) || PyTuple_GET_SIZE(args[2]) != PyTuple_GET_SIZE(args[0])) {
+      PyTuple_GET_SIZE(args[1]) != PyTuple_GET_SIZE(args[0]) ||
+      PyTuple_GET_SIZE(args[2]) != PyTuple_GET_SIZE(args[0])) {
     PyErr_SetString(PyExc_TypeError, "host_steps(tensors, adds: tuple of bools, values: tuple), all of one length");
     return nullptr;
   }
