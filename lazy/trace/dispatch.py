@@ -161,7 +161,7 @@ _C.configure(LazyTensor, Out, torch.dtype, torch.Tensor._make_wrapper_subclass, 
 _C.probe_layout(torch.empty(0), torch.Tensor._make_wrapper_subclass(LazyTensor, (2,), (1,), 0, None, torch.float32,
                                                                     torch.strided, LAZY_DEVICE))
 # Note [Methods without the dispatcher]
-# ``x + y``, ``x * 2.0``, ``x.sin()``, ...: LazyTensor methods (csrc/record.cpp, "Methods") that record the ATen call
+# ``x + y``, ``x * 2.0``, ``x.sin()``, ...: LazyTensor methods (csrc/record_methods.cpp) that record the ATen call
 # the dispatcher would deliver (self first) when nothing between the method and the recorder can act on it, and
 # call torch's own method otherwise. Unary methods qualify when the dispatcher delivers their op unchanged: a
 # ``(Tensor self) -> Tensor`` overload without a CompositeImplicitAutograd kernel (``square`` decomposes to pow
