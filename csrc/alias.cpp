@@ -1,11 +1,14 @@
-// The one translation unit that sees torch's C++ headers, and only c10's TensorImpl: a lazy view's wrapper tensor
-// is created with a StorageImpl of its own (torch.Tensor._make_wrapper_subclass has no storage argument), so
-// ATen's aliasing tests (is_alias_of, untyped_storage() identity) would call a view and its base unrelated. matmul
+// The one translation unit that sees torch's C++ headers: c10's TensorImpl (and ATen's Tensor and torch-function
+// state, only to read whether a gradient exists and whether a mode is active). A lazy view's wrapper tensor is
+// created with a StorageImpl of its own (torch.Tensor._make_wrapper_subclass has no storage argument), so ATen's
+// aliasing tests (is_alias_of, untyped_storage() identity) would call a view and its base unrelated. matmul
 // with out= on a 3-D input relies on one: it reshapes out, writes the product into that view and copies back only
 // if the view is not an alias of out. Lazy's own Storage (ir.cpp) is what carries values; this only keeps the C++
 // storage identity in step with it.
 #include "alias.h"
 
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/core/Tensor.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/TensorImpl.h>
@@ -78,6 +81,14 @@ int tensor_requires_grad(PyObject* tensor) {
   if (impl == nullptr) return -1;
   return impl->requires_grad() ? 1 : 0;
 }
+
+int tensor_grad_defined(PyObject* tensor) {
+  c10::TensorImpl* impl = impl_of(tensor);
+  if (impl == nullptr) return -1;
+  return impl->grad().defined() ? 1 : 0;
+}
+
+bool torch_function_mode_active() { return at::impl::torch_function_mode_enabled(); }
 
 namespace {
 

@@ -26,6 +26,12 @@ PyObject* probe_layout(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 // (``tensor.requires_grad`` from Python goes through torch's attribute machinery: ~0.2 us; this is a load.)
 int tensor_requires_grad(PyObject* tensor);
 
+// Whether ``tensor`` (a torch.Tensor) has a gradient (``tensor.grad is not None``), read from its TensorImpl: 1, 0,
+// or -1 with a Python error set. Python's ``tensor.grad`` may answer otherwise where a subclass or __torch_function__
+// intercepts it: callers check that nothing does (Note [Gradients in guard programs] in capture_guards.cpp).
+int tensor_grad_defined(PyObject* tensor);
+// Whether a TorchFunctionMode is active on this thread (torch's test before ``tensor.grad`` calls the mode).
+bool torch_function_mode_active();
 // torch.is_grad_enabled() and torch.is_inference_mode_enabled(), read from c10's thread-local state as torch does.
 bool grad_mode_enabled();
 bool inference_mode_enabled();

@@ -9,7 +9,7 @@ import lazy
 from lazy.capture import expr as X
 from lazy.capture.expr import E, Renderer
 from lazy.capture.function import state_of
-from lazy.capture.guards import compile_guards
+from lazy.capture.guards import OP, _Builder, compile_guards
 from lazy.capture.guards import tensor_signature
 from lazy.capture.replay import STATE_CALLS, _keys_same, _python_check, global_state
 
@@ -192,6 +192,52 @@ def test_lazy_tensor_signature():
 
 class HostSubclass(torch.Tensor):  # read through tensor_signature, not the TensorImpl
     pass
+
+
+class GradProperty(torch.Tensor):  # its own ``grad``: the program must read it as Python does
+    @property
+    def grad(self):
+        return None
+
+
+def _with_grad(t):
+    torch._C.TensorBase.grad.__set__(t, torch.ones_like(t))  # past a subclass's own property
+    return t
+
+
+def test_gradient_guards():
+    """Note [Gradients in guard programs]: ``x.grad is None`` read from the TensorImpl gives Python's answer for lazy
+    and host parameters and plain tensors, with and without a gradient; a subclass's own ``grad``, a
+    TorchFunctionMode that answers for ``grad`` and non-tensors take Python's lookup."""
+    from torch.overrides import TorchFunctionMode
+
+    class NoGrads(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func == torch.Tensor.grad.__get__:
+                return None
+            return func(*args, **(kwargs or {}))
+
+    def fresh():
+        return [torch.nn.Parameter(torch.randn(2).to(L)), torch.nn.Parameter(torch.randn(2)),
+                torch.randn(2, requires_grad=True)]
+
+    without, with_ = fresh(), [_with_grad(t) for t in fresh()]
+    overriding = _with_grad(torch.Tensor._make_subclass(GradProperty, torch.randn(2), True))
+    is_none = [("isnone", X.attr(A0, "grad"), True)]
+    has_grad = [("isnone", X.attr(A0, "grad"), False)]
+    for guards, hits, misses in ((is_none, without + [overriding, Obj(grad=None)], with_ + [Obj(grad=1), Obj()]),
+                                 (has_grad, with_ + [Obj(grad=1)], without + [overriding, Obj(grad=None), Obj()])):
+        builder = _Builder()
+        assert builder.guard(*guards[0], _keys_same, tensor_signature)
+        assert [ins[0] for ins in builder.code] == [OP["arg"], OP["grad_is_none"]]
+        for A in hits:
+            assert check_both(guards, (A,))[:2] == (True, True), A
+        for A in misses:
+            assert check_both(guards, (A,))[:2] == (False, False), A
+    with NoGrads():  # the mode answers None for every tensor: so must the program
+        for t in with_:
+            assert check_both(is_none, (t,))[:2] == (True, True)
+            assert check_both(has_grad, (t,))[:2] == (False, False)
 
 
 def test_host_tensor_signature():

@@ -23,7 +23,7 @@ from .expr import E
 # The instruction set, in the order of csrc/capture_guards.cpp's enum Op.
 OPS = ("arg", "const", "attr", "item", "is", "type_is", "eq", "truth", "is_none", "len", "absent", "has_attr",
        "call_eq", "call_true", "lazy_tensor", "state", "item_reg", "host_tensor", "binary",
-       "call", "is_reg", "method_is")
+       "call", "is_reg", "method_is", "grad_is_none")
 OP = {name: i for i, name in enumerate(OPS)}
 # Python's operators the program computes, in the order of csrc/capture_guards.cpp's enum Binary (Note [Arithmetic
 # in guard programs])
@@ -113,6 +113,13 @@ class _Builder:
             if obj is None:
                 return False
             self.emit("method_is", src=obj, a=sys.intern(e.args[0].args[1]), b=expected)
+            return True
+        if kind == "isnone" and e.op == "attr" and e.args[1] == "grad":  # Note [Gradients in guard programs]
+            tensor = self.load(e.args[0])
+            if tensor is None:
+                return False
+            self.emit("grad_is_none", src=tensor, n=int(bool(expected)), a=torch._C._disabled_torch_function_impl,
+                      b=torch._C.TensorBase.__dict__["grad"])
             return True
         src = self.load(e)
         if src is None:
