@@ -134,6 +134,8 @@ def _relu(e: Expr, a: List[str]) -> str:
 
 
 def _sign(e: Expr, a: List[str]) -> str:
+    if e.dtype == torch.bool:  # its own sign; a difference of booleans is refused by Triton's interpreter (numpy)
+        return a[0]
     t = tl_type(e.dtype)
     return f"(({a[0]} > 0).to({t}) - ({a[0]} < 0).to({t}))"
 
