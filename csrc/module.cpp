@@ -35,8 +35,35 @@ PyObject* set_data_op(PyObject*, PyObject* op) {
   Py_RETURN_NONE;
 }
 
+// add_counts(counts, (name, amount), ...): lazy/debug/metrics.py's counters, counts[name] += amount for each pair
+// (0.0 + amount for a new name). In C each update is one step under the GIL, so counters bumped by the launch worker
+// and by the calling thread need no lock (Python's ``d[k] += v`` can switch threads between its read and its write).
+PyObject* add_counts(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  static PyObject* zero = PyFloat_FromDouble(0.0);
+  if (nargs < 1 || !PyDict_Check(args[0]) || zero == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "add_counts(counts: dict, *pairs: (name, amount))");
+    return nullptr;
+  }
+  for (Py_ssize_t i = 1; i < nargs; ++i) {
+    if (!PyTuple_Check(args[i]) || PyTuple_GET_SIZE(args[i]) != 2) {
+      PyErr_SetString(PyExc_TypeError, "add_counts: each pair is (name, amount)");
+      return nullptr;
+    }
+    PyObject* name = PyTuple_GET_ITEM(args[i], 0);
+    PyObject* old = PyDict_GetItemWithError(args[0], name);  // borrowed
+    if (old == nullptr && PyErr_Occurred()) return nullptr;
+    PyObject* sum = PyNumber_Add(old != nullptr ? old : zero, PyTuple_GET_ITEM(args[i], 1));
+    if (sum == nullptr) return nullptr;
+    int failed = PyDict_SetItem(args[0], name, sum);
+    Py_DECREF(sum);
+    if (failed) return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
 PyMethodDef methods[] = {
     {"set_data_op", set_data_op, METH_O, "Tell Node.is_data which op marks data leaves."},
+    {"add_counts", FASTCALL(add_counts), METH_FASTCALL, "add_counts(counts, *pairs): counts[name] += amount."},
     {"torch_dispatch", FASTCALL(lazy::torch_dispatch), METH_FASTCALL | METH_KEYWORDS,
      "LazyTensor.__torch_dispatch__(cls, func, types, args=(), kwargs=None): record func (lazy/trace/dispatch.py)."},
     {"configure", FASTCALL(lazy::configure), METH_FASTCALL, "Hand the hot path the Python objects it uses."},

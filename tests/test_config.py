@@ -58,6 +58,33 @@ def test_metrics_api():
     assert lazy.metrics.counters() == {}
 
 
+def test_counters_from_threads_add_up():
+    """Counters bumped from several threads at once (the launch worker and the recorder) lose no update: each is one
+    step under the GIL (metrics.py), with a switch interval short enough to interleave them."""
+    import sys
+    import threading
+
+    lazy.metrics.reset()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        def work():
+            for _ in range(20000):
+                lazy.metrics.bump("threads.one")
+                lazy.metrics.bump_many(("threads.two", 2), ("threads.half", 0.5))
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    c = lazy.metrics.counters()
+    assert (c["threads.one"], c["threads.two"], c["threads.half"]) == (80000, 160000, 40000)
+    with pytest.raises(TypeError):
+        lazy.metrics.bump("threads.bad", "not a number")
+
+
 def test_cache_summary_line():
     lazy.metrics.reset()
     lazy.metrics.bump("graph_cache.hit", 3)

@@ -4,35 +4,31 @@ The recorder's hot path (csrc/record.cpp) counts traced ops in C; everything els
 """
 from __future__ import annotations
 
-import collections
-import threading
 from typing import Callable, Dict, Optional
 
 from .. import _C
 
-_counts: Dict[str, float] = collections.defaultdict(float)
-_lock = threading.Lock()  # programs launched asynchronously bump counters from the worker thread
+# Programs launched asynchronously bump counters from the worker thread: each update is _C.add_counts, one step
+# under the GIL (no lock); reads copy the dict in one step too.
+_counts: Dict[str, float] = {}
+_add = _C.add_counts
 SETTLE: Optional[Callable[[], None]] = None  # installed by the sync layer: waits for launched programs
 
 
 def bump(name: str, amount: float = 1) -> None:
-    with _lock:
-        _counts[name] += amount
+    _add(_counts, (name, amount))
 
 
 def bump_many(*pairs: tuple) -> None:
-    """``bump`` of several (name, amount) pairs under one lock (a program's run counts four things)."""
-    with _lock:
-        for name, amount in pairs:
-            _counts[name] += amount
+    """``bump`` of several (name, amount) pairs in one call (a program's run counts four things)."""
+    _add(_counts, *pairs)
 
 
 def counters() -> Dict[str, float]:
     """A snapshot of every counter: ``traced_ops``, ``sync.<cause>``, ``graph_cache.hit``/``miss``, ``compiles``,
     ``compile_time_s``, ``executed_graphs``, ``executed_nodes``, ``fallback.<op>``, ``bytes_to_device``,
     ``bytes_from_device``, ... Counters never bumped are absent (read them with ``.get(name, 0)``)."""
-    with _lock:
-        items = list(_counts.items())
+    items = list(_counts.items())
     snap = {k: (int(v) if float(v).is_integer() else v) for k, v in items if v}
     traced_ops = _C.traced_ops()
     if traced_ops:
