@@ -149,6 +149,36 @@ def test_host_step_counters_in_c_equal_torch():
         assert torch.equal(t.detach(), before) and first.item() == 0.0
 
 
+def test_a_step_that_makes_the_first_record_function_call_is_captured_once(monkeypatch):
+    """Note [torch's one-time caches before a capture]: an optimizer's step (inside record_function) whose capture
+    is the process's first record_function call is captured once, not again at its second call; its replays equal
+    plain runs (verified)."""
+    import torch.autograd.profiler as profiler
+
+    if not hasattr(profiler, "_maybe_cupti_monitor"):
+        pytest.skip("this torch has no one-time CUPTI check")
+    monkeypatch.setattr(profiler, "_cupti_monitor_checked", False)
+    monkeypatch.setattr(profiler, "_cupti_monitor_module", None)
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4).to(L)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # no state: the first call is captured
+
+    def step(x):
+        loss = model(x).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    model(torch.randn(2, 4).to(L)).sum().backward()  # gradients exist at every call, as after an earlier step
+    lazy.compile(step)
+    lazy.metrics.reset()
+    for _ in range(4):
+        step(torch.randn(2, 4).to(L))
+    assert len(state_of(step).entries) == 1 and counter("capture.guard_miss") == 0
+    assert counter("capture.replays") == 3
+
+
 def test_a_replay_that_cannot_go_on_has_changed_nothing():
     """A replay reads its inputs before it runs its host ops (AdamW's step counters): an input still holding IR
     recorded between calls (synced, then replayed) and two arguments sharing the storage the capture saw as two (a

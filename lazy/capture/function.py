@@ -195,6 +195,8 @@ class CompiledFunction:
         start = time.perf_counter()
         if pending_storages():
             mark_step()  # the capture starts from data: its graph's inputs are the storages' values now
+        for init in _ONCE_PER_PROCESS:  # Note [torch's one-time caches before a capture]
+            init()
         entry_values = {id(st): (st, st.value) for st in live_storages()}
         state = global_state()
         s = Session()
@@ -324,6 +326,15 @@ def _run_capture_graph(plan: Any, entry: Entry) -> None:
 
 
 _MISSED = object()
+
+# Note [torch's one-time caches before a capture]
+# Some torch functions fill a module-level cache on their first call: ``record_function`` (around every optimizer's
+# ``step``) looks for the CUPTI monitor once, setting ``torch.autograd.profiler._cupti_monitor_checked``. A capture
+# that makes the process's first such call guards the flag's old value and replays the write, so the next call
+# misses its guard and captures again (an SGD step over existing gradients: two captures instead of one). They are
+# filled before a capture, as that first call would fill them: idempotent, and the capture then sees the value
+# every later call sees.
+_ONCE_PER_PROCESS = tuple(f for f in (getattr(torch.autograd.profiler, "_maybe_cupti_monitor", None),) if f)
 
 
 class _RunPlain:
