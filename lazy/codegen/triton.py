@@ -43,6 +43,11 @@ _TL_SCALAR = {"fp32": "tl.float32", "fp64": "tl.float64", "i64": "tl.int64"}
 _COMBINE = {"prod": "prod_", "max": "max_nan", "min": "min_nan"}  # triton_ops.HELPERS
 
 
+def _scalar_type(slot: int, is_float: bool, float32: frozenset) -> str:
+    """The Triton type of a runtime scalar argument: the kernel's signature and its launch both ask here."""
+    return "fp32" if slot in float32 else "fp64" if is_float else "i64"
+
+
 @dataclass
 class Launch:
     """How the runtime launches one kernel: its function ``name``, the buffer ids and runtime scalar slots it
@@ -63,7 +68,7 @@ class Launch:
 
     def scalar_types(self) -> List[str]:
         """The Triton types of its runtime scalar arguments, in order (without ``memory``)."""
-        return ["fp32" if s in self.float32 else "fp64" if f else "i64" for s, f in zip(self.scalars, self.floats)]
+        return [_scalar_type(s, f, self.float32) for s, f in zip(self.scalars, self.floats)]
 
     def scalar_buffers(self) -> List[torch.dtype]:
         """The dtypes of the scalar buffers the kernel takes (``memory``), in argument order."""
@@ -286,7 +291,7 @@ def render_kernel(k: Kernel, memory: bool = False, blocks: Optional[Blocks] = No
             lines.append(f"    s{s} = tl.load({'SF' if f else 'SI'} + {at[f]})")
             at[f] += 1
     else:
-        types = {s: "fp32" if s in float32 else "fp64" if f else "i64" for s, f in scalars.items()}
+        types = {s: _scalar_type(s, f, float32) for s, f in scalars.items()}
         params += [f"s{s}: \"{t}\"" for s, t in types.items()]
         lines = [f"@_kernel({[f's{s}' for s in scalars]!r}, {debug})", f"def {k.name}({', '.join(params)}):"]
         for s, t in types.items():
