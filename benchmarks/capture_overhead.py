@@ -11,8 +11,8 @@ Measured in one run, each figure the fastest of interleaved rounds (the box is s
   4. the frame hook's cost on a plain Python call that is not compiled (the hook installed vs not);
   5. the guard check of a captured training step (the 6x384 GPT of benchmarks/train_step.py, AdamW): with warm
      caches, and after a 64 MB sweep has evicted them (as a step's own work does between two checks), with and
-     without the prefetch of what the last check read (Note [Prefetching what the last run read] in
-     csrc/capture_guards.cpp).
+     without the prefetch of what the last check read (Note [Prefetching what the last run read]) and the loads'
+     memos (Note [Loads memoized by dict versions], both in csrc/guard_reads.cpp).
 
     python benchmarks/capture_overhead.py          # ~1 min
 """
@@ -191,8 +191,9 @@ def step_guards() -> None:
     sweep = torch.empty(64 << 20, dtype=torch.uint8)
     print(f"\n5. a captured 6x384 GPT step's guard check ({entry.num_guards} guards, {program.size} instructions), µs "
           f"({load()})")
-    for prefetch in (False, True):
+    for prefetch, memos in ((False, False), (True, False), (False, True), (True, True)):
         _C.set_guard_prefetch(prefetch)
+        _C.set_guard_memos(memos)
         warm, cold = [], []
         for _ in range(40):
             program(A)
@@ -203,10 +204,11 @@ def step_guards() -> None:
             start = time.perf_counter()
             program(A)
             cold.append(time.perf_counter() - start)
-        print(f"prefetch {'on ' if prefetch else 'off'}: warm {min(warm) * 1e6:7.1f} (median "
-              f"{statistics.median(warm) * 1e6:7.1f}), after a 64 MB sweep {min(cold) * 1e6:7.1f} (median "
-              f"{statistics.median(cold) * 1e6:7.1f})")
+        print(f"prefetch {'on ' if prefetch else 'off'}, memos {'on ' if memos else 'off'}: warm "
+              f"{min(warm) * 1e6:7.1f} (median {statistics.median(warm) * 1e6:7.1f}), after a 64 MB sweep "
+              f"{min(cold) * 1e6:7.1f} (median {statistics.median(cold) * 1e6:7.1f})")
     _C.set_guard_prefetch(True)
+    _C.set_guard_memos(True)
     lazy.compile.reset()
 
 

@@ -17,7 +17,7 @@
 #include "capture_guards.h"
 
 #include "alias.h"
-#include "ir.h"
+#include "guard_reads.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -72,6 +72,8 @@ struct Ins {
   int dst;
   int src;
   int sub;  // kBinary: the operator (a, as an int)
+  int memo;  // the instruction's slot in its program's loads or tensors memos (Note [Loads memoized by dict
+             // versions] in guard_reads.cpp); -1: none
   long long n;
   PyObject* a;  // strong references, owned by the program
   PyObject* b;
@@ -86,274 +88,11 @@ struct GuardProgram {
   std::vector<int>* outputs;  // a load program's registers to return (Note [Replay loads in C]); null for guards
   std::vector<const void*>* warm;  // Note [Prefetching what the last run read]: addresses, never dereferenced
   std::vector<const void*>* consts;  // the instructions' constants and their items: prefetched at every run
+  std::vector<LoadMemo>* loads;  // kAttr, kItem and kItemReg instructions' memos
+  std::vector<TensorMemo>* tensors;  // kLazyTensor instructions' memos
 };
 
-// Note [Prefetching what the last run read]
-// A guard program reads a thousand and more objects scattered over the heap (modules, their dicts and those dicts'
-// tables, parameters, optimizer state), one load depending on the one before. Between two calls of a training step
-// the caches are refilled with other data (the step itself, the GPU driver), so the next check misses on most of
-// them one after the other. So each run records the addresses it read (the objects it loaded, every dict's table
-// and values, a module's attribute dicts, a tensor's instance dict), and the next run first issues a prefetch for
-// each (and for the instructions' constants), so that the memory system fetches them in parallel before the loads
-// wait on them one by one. The addresses are only prefetched, never read: an object freed since (a step's old
-// gradients) costs a useless prefetch, never a wrong answer, and the program holds no reference that would keep
-// anything alive. Measured on a 6-layer GPT step's 1,716 guards (benchmarks/capture_overhead.py, section 5, five
-// runs): after a 64 MB sweep 0.24-0.49 ms without the prefetch, 0.23-0.30 ms with it (5-40 % less, the more the
-// colder the check); with warm caches the recording costs 0.13 -> 0.15 ms. A replay's load program (Note [Replay
-// loads in C]) runs right after its entry's guard program, which has just read the same objects: it neither
-// prefetches nor records.
-thread_local std::vector<const void*>* t_touched = nullptr;  // the running program's record (null: none)
 bool g_prefetch = true;  // set_guard_prefetch
-
-inline void touch_dict(PyObject* d) {
-  auto* dict = reinterpret_cast<PyDictObject*>(d);
-  t_touched->push_back(d);
-  t_touched->push_back(dict->ma_keys);
-  if (dict->ma_values != nullptr) t_touched->push_back(dict->ma_values);
-}
-
-// Records ``o`` (and, for a dict, its tables) for the next run's prefetch.
-inline void touch(PyObject* o) {
-  if (t_touched == nullptr || o == nullptr) return;
-  if (PyDict_Check(o)) {
-    touch_dict(o);
-  } else {
-    t_touched->push_back(o);
-  }
-}
-
-// Records where the instance attributes of ``o`` live (it never makes a dict). Modules and tensors are instances of
-// Python classes with managed dicts: the dict, or an array of values, hangs off the two slots before the object
-// (CPython 3.11: dict at -3, values at -4; 3.12: one tagged slot at -3, its low bit set for values). The slots are
-// read while ``o`` is alive (the run holds it), only to learn what to prefetch.
-inline void touch_instance_dict(PyObject* o) {
-  if (t_touched == nullptr) return;
-  PyTypeObject* tp = Py_TYPE(o);
-  uintptr_t slot = 0;
-  if (tp->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
-#if PY_VERSION_HEX >= 0x030D0000
-    return;  // another layout (inline values): the objects themselves are still prefetched
-#endif
-    const uintptr_t* pre = reinterpret_cast<const uintptr_t*>(o);
-    slot = pre[-3];
-#if PY_VERSION_HEX >= 0x030C0000
-    if (slot & 1) {  // values, not a dict
-      t_touched->push_back(reinterpret_cast<const void*>(slot & ~static_cast<uintptr_t>(1)));
-      return;
-    }
-#else
-    if (pre[-4] != 0) t_touched->push_back(reinterpret_cast<const void*>(pre[-4]));
-#endif
-  } else if (tp->tp_dictoffset > 0) {
-    slot = *reinterpret_cast<const uintptr_t*>(reinterpret_cast<const char*>(o) + tp->tp_dictoffset);
-  }
-  PyObject* d = reinterpret_cast<PyObject*>(slot);
-  if (d != nullptr && PyDict_Check(d)) touch_dict(d);
-}
-
-void prefetch(const std::vector<const void*>& addresses) {
-  for (const void* p : addresses) {
-    __builtin_prefetch(p);
-    __builtin_prefetch(static_cast<const char*>(p) + 64);
-  }
-}
-
-PyObject* s_lz_desc = nullptr;
-PyObject* s_lz_chain = nullptr;
-PyObject* s_lz_st = nullptr;
-PyObject* s_numel = nullptr;
-PyObject* s_dtype = nullptr;
-PyObject* s_getattr = nullptr;
-PyObject* s_getattribute = nullptr;
-PyObject* s_module_dicts[3] = {nullptr, nullptr, nullptr};  // "_parameters", "_buffers", "_modules"
-PyObject* s_module_getattr = nullptr;     // torch.nn.Module.__getattr__ (strong; set by the first program)
-PyObject* s_object_getattribute = nullptr;  // object.__getattribute__ (strong)
-PyObject* s_func = nullptr;  // "__func__"
-PyObject* s_grad = nullptr;  // "grad"
-PyObject* s_torch_function = nullptr;  // "__torch_function__"
-
-// Note [Module attributes in guard programs]
-// Most loads of a training step's guards are submodules and parameters: ``model.blocks``, ``block.attn.weight``.
-// Python finds them through Module.__getattr__, a Python function called after the instance dict misses: about
-// 0.4 us a load, most of a GPT step's guard time. ``module_attr`` reads the same dicts Module.__getattr__ reads,
-// in its order (_parameters, _buffers, _modules), after the two steps of the generic lookup that come first: a
-// class attribute or descriptor of that name (then it takes the generic path, which may run a property), and the
-// instance dict. It does so only for a class whose ``__getattr__`` is Module's own and whose ``__getattribute__``
-// is object's, checked on every load through the type's attribute cache; any other object, or a name found in
-// none of the dicts (an AttributeError to raise), takes PyObject_GetAttr. The answer is Python's, only sooner.
-PyObject* module_attr(PyObject* x, PyObject* name) {
-  PyTypeObject* tp = Py_TYPE(x);
-  if (s_module_getattr == nullptr || _PyType_Lookup(tp, s_getattr) != s_module_getattr ||
-      _PyType_Lookup(tp, s_getattribute) != s_object_getattribute || _PyType_Lookup(tp, name) != nullptr) {
-    return PyObject_GetAttr(x, name);
-  }
-  PyObject* dict = PyObject_GenericGetDict(x, nullptr);
-  if (dict == nullptr) {
-    PyErr_Clear();
-    return PyObject_GetAttr(x, name);
-  }
-  touch(dict);
-  PyObject* v = PyDict_GetItemWithError(dict, name);
-  for (int i = 0; v == nullptr && !PyErr_Occurred() && i < 3; ++i) {
-    PyObject* d = PyDict_GetItemWithError(dict, s_module_dicts[i]);
-    if (d != nullptr && PyDict_CheckExact(d)) {
-      touch(d);
-      v = PyDict_GetItemWithError(d, name);
-    }
-  }
-  Py_XINCREF(v);
-  Py_DECREF(dict);
-  if (v != nullptr || PyErr_Occurred()) return v;
-  return PyObject_GetAttr(x, name);
-}
-
-// Note [Method guards]
-// The capture guards a method it calls by the function it binds: getattr(getattr(m, name), "__func__") is F (each
-// module's forward and _call_impl: 134 of a 6-layer GPT step's guards). Evaluated as written, each makes a bound
-// method object and drops it. Where the answer needs none it is read directly: the class's __getattribute__ is
-// object's and its attribute of that name a plain function (a non-data descriptor, so an instance attribute of
-// that name would win: the instance dict must have none); the bound method's __func__ is then that function. Any
-// other case takes the two getattr calls; both give Python's answer.
-int method_is(PyObject* x, PyObject* name, PyObject* fn) {
-  PyTypeObject* tp = Py_TYPE(x);
-  PyObject* descr = _PyType_Lookup(tp, name);  // borrowed
-  if (descr != nullptr && PyFunction_Check(descr) && _PyType_Lookup(tp, s_getattribute) == s_object_getattribute) {
-    PyObject* dict = PyObject_GenericGetDict(x, nullptr);
-    if (dict != nullptr) {
-      int shadowed = PyDict_Contains(dict, name);
-      Py_DECREF(dict);
-      if (shadowed < 0) return -1;
-      if (shadowed == 0) return descr == fn;
-    } else {
-      PyErr_Clear();  // no instance dict: the generic path decides
-    }
-  }
-  PyObject* bound = PyObject_GetAttr(x, name);
-  if (bound == nullptr) return -1;
-  PyObject* func = PyObject_GetAttr(bound, s_func);
-  Py_DECREF(bound);
-  if (func == nullptr) return -1;
-  int same = func == fn;
-  Py_DECREF(func);
-  return same;
-}
-
-// Note [Gradients in guard programs]
-// A training step's guards test every parameter's ``.grad`` for None (76 of a 6-layer GPT step's). Through Python's
-// attribute machinery that costs ~0.4 us on a lazy tensor, most of it torch's test for __torch_function__ before the
-// getter runs. Where nothing can intercept the read, the answer is read from the TensorImpl instead: the object's
-// type finds ``grad`` as TensorBase's own descriptor (no subclass overrides it; the object is then a tensor) and its
-// ``__torch_function__`` is torch's disabled one (what lazy tensors and Parameters have), and no TorchFunctionMode is
-// active: then torch's getter returns the TensorImpl's gradient, None exactly when it is undefined. Any other case
-// reads the attribute as Python does.
-int grad_is_none(PyObject* x, const Ins& ins) {
-  PyTypeObject* tp = Py_TYPE(x);
-  if (_PyType_Lookup(tp, s_grad) == ins.b && PyObject_TypeCheck(x, PyDescr_TYPE(ins.b)) &&
-      _PyType_Lookup(tp, s_torch_function) == ins.a && !torch_function_mode_active()) {
-    int defined = tensor_grad_defined(x);
-    return defined < 0 ? -1 : !defined;
-  }
-  PyObject* grad = PyObject_GetAttr(x, s_grad);
-  if (grad == nullptr) return -1;
-  int none = grad == Py_None;
-  Py_DECREF(grad);
-  return none;
-}
-
-// 1 if equal, 0 if not, -1 on an error (Python's ``==`` then ``bool``, no identity shortcut: nan != nan).
-int equal(PyObject* x, PyObject* y) {
-  PyObject* r = PyObject_RichCompare(x, y, Py_EQ);
-  if (r == nullptr) return -1;
-  int truth = PyObject_IsTrue(r);
-  Py_DECREF(r);
-  return truth;
-}
-
-// hasattr(x, name): 1, 0, or -1 on an error other than AttributeError.
-int has_attr(PyObject* x, PyObject* name) {
-  PyObject* v = PyObject_GetAttr(x, name);
-  if (v != nullptr) {
-    Py_DECREF(v);
-    return 1;
-  }
-  if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
-  PyErr_Clear();
-  return 0;
-}
-
-// An attribute compared with an expected value; 1 if equal.
-int attr_equal(PyObject* x, PyObject* name, PyObject* expected) {
-  PyObject* v = PyObject_GetAttr(x, name);
-  if (v == nullptr) return -1;
-  touch(v);
-  int r = v == expected ? 1 : equal(v, expected);
-  Py_DECREF(v);
-  return r;
-}
-
-// ("lazy", desc, requires_grad, chained, numel) == expected, read field by field without building the tuple.
-int lazy_tensor_matches(PyObject* t, PyObject* expected, PyTypeObject* lazy_type) {
-  if (!PyObject_TypeCheck(t, lazy_type) || !PyTuple_CheckExact(expected) || PyTuple_GET_SIZE(expected) != 5) return 0;
-  if (attr_equal(t, s_lz_desc, PyTuple_GET_ITEM(expected, 1)) != 1) return 0;
-  int requires_grad = tensor_requires_grad(t);
-  if (requires_grad < 0) return -1;
-  if ((requires_grad ? Py_True : Py_False) != PyTuple_GET_ITEM(expected, 2)) return 0;
-  PyObject* chain = PyObject_GetAttr(t, s_lz_chain);
-  if (chain == nullptr) return -1;
-  bool chained = chain != Py_None;
-  Py_DECREF(chain);
-  if (chained != (PyTuple_GET_ITEM(expected, 3) == Py_True)) return 0;
-  PyObject* st = PyObject_GetAttr(t, s_lz_st);
-  if (st == nullptr) return -1;
-  touch(st);
-  int r;
-  if (Py_TYPE(st) == &StorageType) {  // the C Storage (csrc/ir.cpp): its numel is a field
-    PyObject* expected_numel = PyTuple_GET_ITEM(expected, 4);
-    long long numel = PyLong_Check(expected_numel) ? PyLong_AsLongLong(expected_numel) : -1;
-    r = numel == reinterpret_cast<StorageObject*>(st)->numel && !PyErr_Occurred();
-  } else {
-    r = attr_equal(st, s_numel, PyTuple_GET_ITEM(expected, 4));
-  }
-  Py_DECREF(st);
-  return r;
-}
-
-// ("host", shape, stride, offset, dtype, device, requires_grad) == expected for a tensor that is not lazy.
-int host_tensor(PyObject* t, const Ins& ins, PyTypeObject* lazy_type) {
-  PyObject* e = ins.b;
-  if (PyObject_TypeCheck(t, lazy_type)) return 0;  // its signature is a "lazy" one
-  PyObject* dtype = PyObject_GetAttr(t, s_dtype);
-  if (dtype == nullptr) {
-    PyErr_Clear();
-  } else {
-    bool same_dtype = dtype == PyTuple_GET_ITEM(e, 4);  // torch.dtype objects are singletons
-    Py_DECREF(dtype);
-    const char* device = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ins.a, 0));
-    if (device == nullptr) return -1;
-    int r = host_tensor_matches(t, PyTuple_GET_ITEM(e, 1), PyTuple_GET_ITEM(e, 2),
-                                PyLong_AsLongLong(PyTuple_GET_ITEM(e, 3)), device,
-                                PyLong_AsLongLong(PyTuple_GET_ITEM(ins.a, 1)), PyTuple_GET_ITEM(e, 6) == Py_True);
-    if (PyErr_Occurred()) return -1;
-    if (r >= 0) return same_dtype && r == 1;
-  }
-  PyObject* sig = PyObject_CallOneArg(PyTuple_GET_ITEM(ins.a, 2), t);  // what the TensorImpl cannot tell
-  if (sig == nullptr) return -1;
-  int eq = equal(sig, e);
-  Py_DECREF(sig);
-  return eq;
-}
-
-// *out = x[key]: 1 (loaded) or -1 (raised, or a dict without the key).
-int get_item(PyObject* x, PyObject* key, PyObject** out) {
-  if (PyDict_CheckExact(x)) {  // what x[key] does for a dict, without the method call
-    PyObject* v = PyDict_GetItemWithError(x, key);
-    if (v == nullptr) return -1;
-    *out = Py_NewRef(v);
-    return 1;
-  }
-  *out = PyObject_GetItem(x, key);
-  return *out != nullptr ? 1 : -1;
-}
 
 // r[src] <op> r[n] (Note [Arithmetic in guard programs]); a new reference or NULL with an error set.
 PyObject* binary(int op, PyObject* x, PyObject* y) {
@@ -383,7 +122,7 @@ PyObject* binary(int op, PyObject* x, PyObject* y) {
 }
 
 // One instruction: 1 (holds / loaded), 0 (fails), -1 (raised: fails).
-int step(const Ins& ins, PyObject** r, PyObject* A, PyTypeObject* lazy_type) {
+int step(const Ins& ins, PyObject** r, PyObject* A, GuardProgram* p) {
   PyObject* x = ins.src >= 0 ? r[ins.src] : nullptr;
   if (ins.src >= 0 && x == nullptr) return 0;  // (never: loads come first; a program is built that way)
   switch (ins.op) {
@@ -395,12 +134,14 @@ int step(const Ins& ins, PyObject** r, PyObject* A, PyTypeObject* lazy_type) {
       r[ins.dst] = Py_NewRef(ins.a);
       return 1;
     case kAttr:
-      r[ins.dst] = module_attr(x, ins.a);
+      r[ins.dst] = attr_load(x, ins.a, ins.memo >= 0 ? &(*p->loads)[ins.memo] : nullptr);
       return r[ins.dst] != nullptr ? 1 : -1;
     case kItem:
-      return get_item(x, ins.a, &r[ins.dst]);
+      return dict_item(x, ins.a, &r[ins.dst], ins.memo >= 0 ? &(*p->loads)[ins.memo] : nullptr);
     case kItemReg:
-      return r[ins.n] != nullptr ? get_item(x, r[ins.n], &r[ins.dst]) : 0;
+      return r[ins.n] != nullptr
+                 ? dict_item(x, r[ins.n], &r[ins.dst], ins.memo >= 0 ? &(*p->loads)[ins.memo] : nullptr)
+                 : 0;
     case kBinary:
       if (r[ins.n] == nullptr) return 0;
       r[ins.dst] = binary(ins.sub, x, r[ins.n]);
@@ -426,7 +167,7 @@ int step(const Ins& ins, PyObject** r, PyObject* A, PyTypeObject* lazy_type) {
     case kIsNone:
       return (x == Py_None) == (ins.n != 0);
     case kGradIsNone: {
-      int none = grad_is_none(x, ins);
+      int none = grad_is_none(x, ins.a, ins.b);
       return none < 0 ? -1 : none == (ins.n != 0);
     }
     case kLen: {
@@ -456,9 +197,9 @@ int step(const Ins& ins, PyObject** r, PyObject* A, PyTypeObject* lazy_type) {
       return ok;
     }
     case kLazyTensor:
-      return lazy_tensor_matches(x, ins.b, lazy_type);
+      return lazy_tensor_matches(x, ins.b, p->lazy_type, ins.memo >= 0 ? &(*p->tensors)[ins.memo] : nullptr);
     case kHostTensor:
-      return host_tensor(x, ins, lazy_type);
+      return host_tensor(x, ins.a, ins.b, p->lazy_type);
     case kState: {
       Py_ssize_t n = PyTuple_GET_SIZE(ins.a);
       if ((grad_mode_enabled() ? Py_True : Py_False) != PyTuple_GET_ITEM(ins.b, 0) ||
@@ -492,19 +233,17 @@ PyObject* run(GuardProgram* self, PyObject* A) {
   }
   for (int i = 0; i < self->nregs; ++i) r[i] = nullptr;
   std::vector<const void*> touched;
-  std::vector<const void*>* outer = t_touched;  // a program run by a guard's Python call records its own
   const bool prefetching = g_prefetch && self->outputs == nullptr;  // guard programs only
+  std::vector<const void*>* record = prefetching ? &touched : nullptr;
   if (prefetching) {  // Note [Prefetching what the last run read]
     prefetch(*self->consts);
     prefetch(*self->warm);
     touched.reserve(self->warm->size());
-    t_touched = &touched;
-  } else {
-    t_touched = nullptr;
   }
   bool ok = true;
   for (const Ins& ins : *self->code) {
-    if (step(ins, r, A, self->lazy_type) != 1) {
+    g_touched = record;  // Note [The record of a run's reads] (guard_reads.cpp)
+    if (step(ins, r, A, self) != 1) {
       ok = false;
       break;
     }
@@ -513,7 +252,7 @@ PyObject* run(GuardProgram* self, PyObject* A) {
       touch_instance_dict(r[ins.dst]);
     }
   }
-  t_touched = outer;
+  g_touched = nullptr;
   if (ok && prefetching) self->warm->swap(touched);
   PyObject* result;
   if (self->outputs == nullptr) {
@@ -555,6 +294,9 @@ void program_dealloc(PyObject* self) {
   delete p->outputs;
   delete p->warm;
   delete p->consts;
+  for (LoadMemo& m : *p->loads) Py_XDECREF(m.key);
+  delete p->loads;
+  delete p->tensors;
   Py_XDECREF(reinterpret_cast<PyObject*>(p->lazy_type));
   Py_TYPE(self)->tp_free(self);
 }
@@ -586,6 +328,13 @@ PyObject* set_guard_prefetch(PyObject*, PyObject* enabled) {
   Py_RETURN_NONE;
 }
 
+PyObject* set_guard_memos(PyObject*, PyObject* enabled) {
+  int on = PyObject_IsTrue(enabled);
+  if (on < 0) return nullptr;
+  set_load_memos(on != 0);
+  Py_RETURN_NONE;
+}
+
 bool init_guard_types() {
   GuardProgramType.tp_name = "lazy._C.GuardProgram";
   GuardProgramType.tp_basicsize = sizeof(GuardProgram);
@@ -596,24 +345,7 @@ bool init_guard_types() {
   GuardProgramType.tp_getset = program_getset;
   GuardProgramType.tp_doc =
       "guard_program(instructions, nregs, lazy_type, module_type): an entry's guards, callable on A (bool)";
-  s_lz_desc = PyUnicode_InternFromString("_lz_desc");
-  s_lz_chain = PyUnicode_InternFromString("_lz_chain");
-  s_lz_st = PyUnicode_InternFromString("_lz_st");
-  s_numel = PyUnicode_InternFromString("numel");
-  s_dtype = PyUnicode_InternFromString("dtype");
-  s_getattr = PyUnicode_InternFromString("__getattr__");
-  s_getattribute = PyUnicode_InternFromString("__getattribute__");
-  s_module_dicts[0] = PyUnicode_InternFromString("_parameters");
-  s_module_dicts[1] = PyUnicode_InternFromString("_buffers");
-  s_module_dicts[2] = PyUnicode_InternFromString("_modules");
-  s_func = PyUnicode_InternFromString("__func__");
-  s_grad = PyUnicode_InternFromString("grad");
-  s_torch_function = PyUnicode_InternFromString("__torch_function__");
-  s_object_getattribute = s_getattribute ? _PyType_Lookup(&PyBaseObject_Type, s_getattribute) : nullptr;
-  Py_XINCREF(s_object_getattribute);
-  return PyType_Ready(&GuardProgramType) == 0 && s_lz_desc && s_lz_chain && s_lz_st && s_numel && s_dtype &&
-         s_getattr && s_func && s_grad && s_torch_function &&
-         s_object_getattribute && s_module_dicts[0] && s_module_dicts[1] && s_module_dicts[2];
+  return PyType_Ready(&GuardProgramType) == 0 && init_guard_reads();
 }
 
 PyObject* guard_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -623,10 +355,7 @@ PyObject* guard_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                                      "module_type: type[, outputs: tuple of registers])");
     return nullptr;
   }
-  if (s_module_getattr == nullptr) {  // Note [Module attributes in guard programs]
-    s_module_getattr = _PyType_Lookup(reinterpret_cast<PyTypeObject*>(args[3]), s_getattr);
-    Py_XINCREF(s_module_getattr);
-  }
+  set_module_type(reinterpret_cast<PyTypeObject*>(args[3]));  // Note [Module attributes in guard programs]
   long nregs = PyLong_AsLong(args[1]);
   if (nregs < 0 || nregs > 1 << 20) {
     PyErr_SetString(PyExc_ValueError, "guard_program: nregs out of range");
@@ -693,6 +422,18 @@ PyObject* guard_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   p->outputs = outputs;
   p->warm = new std::vector<const void*>();
   p->consts = new std::vector<const void*>();
+  p->loads = new std::vector<LoadMemo>();
+  p->tensors = new std::vector<TensorMemo>();
+  for (Ins& ins : *code) {  // Note [Loads memoized by dict versions] (guard_reads.cpp)
+    ins.memo = -1;
+    if (ins.op == kAttr || ins.op == kItem || ins.op == kItemReg) {
+      ins.memo = static_cast<int>(p->loads->size());
+      p->loads->emplace_back();
+    } else if (ins.op == kLazyTensor) {
+      ins.memo = static_cast<int>(p->tensors->size());
+      p->tensors->emplace_back();
+    }
+  }
   if (outputs == nullptr) {  // a guard program prefetches its constants (a load program prefetches nothing)
     for (const Ins& ins : *code) {
       for (PyObject* c : {ins.a, ins.b}) {

@@ -19,4 +19,8 @@ PyObject* guard_program(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 // run read]); on by default, off only to measure it (benchmarks/capture_overhead.py).
 PyObject* set_guard_prefetch(PyObject* self, PyObject* enabled);
 
+// set_guard_memos(enabled): whether programs' loads reuse what they read while its dicts are unchanged (Note [Loads
+// memoized by dict versions] in guard_reads.cpp); on by default, off only to measure or test them.
+PyObject* set_guard_memos(PyObject* self, PyObject* enabled);
+
 }  // namespace lazy

@@ -106,6 +106,9 @@ PyMethodDef methods[] = {
     {"guard_program", FASTCALL(lazy::guard_program), METH_FASTCALL,
      "guard_program(instructions, nregs, lazy_type, module_type[, outputs]): an entry's guards, or a replay's loads, "
      "as a C program (csrc/capture_guards.cpp)."},
+    {"set_guard_memos", lazy::set_guard_memos, METH_O,
+     "set_guard_memos(enabled): whether guard programs' loads reuse what they read while its dicts are unchanged "
+     "(Note [Loads memoized by dict versions] in csrc/guard_reads.cpp); on by default."},
     {"set_guard_prefetch", lazy::set_guard_prefetch, METH_O,
      "set_guard_prefetch(enabled): whether guard programs prefetch what their last run read "
      "(csrc/capture_guards.cpp)."},

@@ -372,3 +372,93 @@ def test_programs_answer_alike_with_and_without_prefetch():
     finally:
         _C.set_guard_prefetch(True)
         lazy.compile.reset()
+
+
+class Holder(torch.nn.Module):  # a class of its own: the test changes its class attributes
+    flag = "class value"
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        self.w = torch.nn.Parameter(torch.randn(2))
+        self.register_buffer("buf", torch.zeros(2))
+        self.n = 3
+
+
+def _state_changes(net, opts, tensor, mod, other):
+    """(description, change) pairs applied one after the other to the objects the memo test's guards read; each
+    change is followed by a check, so every load meets its dicts changed, restored and changed back."""
+    lin, w, lr = net.lin, net.w, opts[0]["lr"]
+    return [
+        ("nothing", lambda: None),
+        ("submodule replaced", lambda: setattr(net, "lin", torch.nn.Linear(2, 2))),
+        ("submodule restored", lambda: setattr(net, "lin", lin)),
+        ("parameter replaced in _parameters", lambda: net._parameters.__setitem__("w", other)),
+        ("parameter restored", lambda: net._parameters.__setitem__("w", w)),
+        ("instance attribute shadows the submodule", lambda: net.__dict__.__setitem__("lin", "shadow")),
+        ("shadow removed", lambda: net.__dict__.pop("lin")),
+        ("instance attribute changed", lambda: setattr(net, "n", 4)),
+        ("instance attribute set back", lambda: setattr(net, "n", 3)),
+        ("class attribute changed", lambda: setattr(Holder, "flag", "another")),
+        ("class attribute set back", lambda: setattr(Holder, "flag", "class value")),
+        ("instance attribute shadows the class attribute", lambda: setattr(net, "flag", "mine")),
+        ("shadow deleted", lambda: delattr(net, "flag")),
+        ("property on the class shadows the instance", lambda: setattr(Holder, "n", property(lambda s: 5))),
+        ("property removed", lambda: delattr(Holder, "n")),
+        ("instance dict replaced", lambda: setattr(net, "__dict__", dict(net.__dict__))),
+        ("item changed", lambda: opts[0].__setitem__("lr", 0.5)),
+        ("item set back", lambda: opts[0].__setitem__("lr", lr)),
+        ("item removed and added", lambda: (opts[0].pop("lr"), opts[0].__setitem__("lr", lr))),
+        ("optimizer state moved to another key", lambda: opts[1].__setitem__(other, opts[1].pop(w))),
+        ("optimizer state back", lambda: opts[1].__setitem__(w, opts[1].pop(other))),
+        ("tensor requires grad (outside any dict)", lambda: tensor.requires_grad_(True)),
+        ("tensor requires no grad", lambda: tensor.requires_grad_(False)),
+        ("tensor data of another shape", lambda: setattr(tensor, "data", torch.randn(5).to(L))),
+        ("tensor data of the first shape", lambda: setattr(tensor, "data", torch.randn(3).to(L))),
+        ("module attribute changed", lambda: setattr(mod, "value", 2)),
+        ("module attribute set back", lambda: setattr(mod, "value", 1)),
+        ("class of the holder changed", lambda: setattr(net, "__class__", type("Sub", (Holder,), {"n": 7}))),
+        ("class restored", lambda: setattr(net, "__class__", Holder)),
+    ]
+
+
+def test_memoized_loads_follow_every_change():
+    """Note [Loads memoized by dict versions]: one program run again and again while the objects it reads change
+    (submodules, parameters, instance and class attributes, properties, dict items, optimizer state keyed by a
+    parameter, a lazy tensor's signature, module globals, the object's class) answers what the Python check answers
+    after every change, with the memos on and off."""
+    import types
+
+    from lazy import _C
+
+    net = Holder().to(L)
+    tensor = torch.randn(3).to(L)
+    other = torch.nn.Parameter(torch.randn(2).to(L))
+    mod = types.ModuleType("settings")
+    mod.value = 1
+    opts = [{"lr": 0.1}, {net.w: {"step": 1}}]
+    guards = [
+        ("id", attrs("lin"), net.lin), ("id", attrs("lin", "weight"), net.lin.weight), ("id", attrs("w"), net.w),
+        ("id", attrs("buf"), net.buf), ("eq", attrs("n"), 3), ("eq", attrs("flag"), "class value"),
+        ("eq", X.item(X.item(X.arg(1), 0), "lr"), 0.1),
+        ("type", X.item(X.item(X.arg(1), 1), X.attr(A0, "w")), dict),
+        ("tensor", X.arg(2), tensor_signature(tensor)),
+        ("eq", X.attr(X.arg(3), "value"), 1),
+    ]
+    A = (net, opts, tensor, mod)
+    python = _python_check(Renderer(), [((k, e), v) for k, e, v in guards], global_state())
+    try:
+        for memos in (True, False):
+            _C.set_guard_memos(memos)
+            program, residual = compile_guards(global_state(), guards, STATE_CALLS, _keys_same, tensor_signature)
+            assert not residual
+            answers = []
+            for what, change in _state_changes(net, opts, tensor, mod, other):
+                change()
+                for _ in range(2):  # the second run reads through the memos the first one made
+                    want = bool(python(A))
+                    assert bool(program(A)) == want, (what, memos)
+                answers.append(want)
+            assert answers.count(False) >= 10 and answers[0] and answers[-1]  # the changes were seen
+    finally:
+        _C.set_guard_memos(True)

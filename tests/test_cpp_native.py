@@ -120,8 +120,10 @@ def test_runs_on_another_thread_while_this_one_records():
     before = metrics.counter("cpp.native_runs")
     launched = train(True)
     assert metrics.counter("cpp.native_runs") > before and metrics.counter("async.launched") > 0
+    # a launched program may run with fewer OpenMP threads than one the caller waits for (Note [Thread budget of
+    # the worker]), and a float reduction split over threads rounds differently: equal up to rounding
     for a, b in zip(launched, train(False)):
-        assert torch.equal(a, b)
+        torch.testing.assert_close(a, b)
 
 
 def test_what_the_plan_refuses():
