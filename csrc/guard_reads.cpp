@@ -75,8 +75,10 @@ namespace {
 // property or a __getattr__ of that name would win): it is remembered with the type's version tag, which CPython
 // resets when the class or a base changes. A lazy tensor's signature test remembers the tensor's instance dict in
 // the same way (its _lz_desc, _lz_chain and _lz_st are then the same objects) and still reads what lives outside
-// any dict: requires_grad from the TensorImpl and the storage's numel. Anything else (a dict subclass, a key
-// compared by value, a lookup that fell back to Python) is looked up as before and remembers nothing. CPython
+// any dict: requires_grad from the TensorImpl and the storage's numel. An item is remembered with its key (held,
+// compared by identity), so ``opt.state[p]`` skips even the key's hash (a Python __hash__ for tensors: 152 calls a
+// GPT step); a dict subclass that keeps dict's __getitem__ (the optimizer's defaultdict) is read as a dict.
+// Anything else (another mapping, a lookup that fell back to Python) is looked up as before. CPython
 // 3.11 and 3.12 only (ma_version_tag is gone in 3.14). A 6-layer GPT step's 1,716 guards (benchmarks/
 // capture_overhead.py, section 5, an AMD EPYC core, prefetch off): 61 -> 39 us warm, 149 -> 83 us after a 64 MB
 // sweep.
@@ -398,7 +400,10 @@ int host_tensor(PyObject* t, PyObject* how, PyObject* expected, PyTypeObject* la
 }
 
 int dict_item(PyObject* x, PyObject* key, PyObject** out, LoadMemo* memo) {
-  if (PyDict_CheckExact(x)) {  // what x[key] does for a dict, without the method call
+  // what x[key] does for a dict, or a subclass that keeps dict's __getitem__ (an optimizer's state, a
+  // defaultdict), where the key is there; a missing key (__missing__) takes the method call
+  if (PyDict_CheckExact(x) ||
+      (PyDict_Check(x) && Py_TYPE(x)->tp_as_mapping->mp_subscript == PyDict_Type.tp_as_mapping->mp_subscript)) {
     const uint64_t version = dict_version(x);
     if (g_memos && memo != nullptr && memo->ndicts == 1 && memo->key == key && memo->dicts[0] == x &&
         memo->versions[0] == version) {  // Note [Loads memoized by dict versions]
@@ -406,7 +411,11 @@ int dict_item(PyObject* x, PyObject* key, PyObject** out, LoadMemo* memo) {
       return 1;
     }
     PyObject* v = PyDict_GetItemWithError(x, key);
-    if (v == nullptr) return -1;
+    if (v == nullptr) {
+      if (PyErr_Occurred() || PyDict_CheckExact(x)) return -1;
+      *out = PyObject_GetItem(x, key);  // __missing__
+      return *out != nullptr ? 1 : -1;
+    }
     if (kVersionTags && g_memos && memo != nullptr) {  // the key is held (compared by identity next time)
       Py_INCREF(key);
       Py_XSETREF(memo->key, key);

@@ -240,4 +240,25 @@ PyObject* live_storages() {
   return out;
 }
 
+PyObject* pending_storages() {
+  PyObject* out = PyList_New(0);
+  if (out == nullptr) return nullptr;
+  PyObject* data = data_op();
+  for (StorageObject* st = g_live_head.next; st != &g_live_head; st = st->next) {
+    PyObject* value = st->value;
+    if (value == st->failed) continue;  // a value whose graph raised: later syncs leave it alone
+    if (Py_TYPE(value) != &NodeType) {
+      PyErr_SetString(PyExc_TypeError, "lazy: a storage's value is not a Node");
+      Py_DECREF(out);
+      return nullptr;
+    }
+    if (reinterpret_cast<NodeObject*>(value)->op == data) continue;  // synced: data on the backing device
+    if (PyList_Append(out, reinterpret_cast<PyObject*>(st)) != 0) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+  }
+  return out;
+}
+
 }  // namespace lazy

@@ -72,5 +72,7 @@ long long next_node_serial();
 
 // Every live storage, oldest first (a new list).
 PyObject* live_storages();
+// The live storages whose value is still IR (not a data leaf, not a value whose graph failed), oldest first.
+PyObject* pending_storages();
 
 }  // namespace lazy

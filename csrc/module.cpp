@@ -19,6 +19,7 @@ namespace py = pybind11;
 namespace {
 
 PyObject* live_storages(PyObject*, PyObject*) { return lazy::live_storages(); }
+PyObject* pending_storages(PyObject*, PyObject*) { return lazy::pending_storages(); }
 
 PyObject* next_node_serial(PyObject*, PyObject*) { return PyLong_FromLongLong(lazy::next_node_serial()); }
 
@@ -101,6 +102,8 @@ PyMethodDef methods[] = {
     {"probe_layout", FASTCALL(lazy::probe_layout), METH_FASTCALL,
      "probe_layout(*tensors): read TensorImpl addresses directly if that agrees with tensor._cdata."},
     {"live_storages", live_storages, METH_NOARGS, "Every live Storage, oldest first."},
+    {"pending_storages", pending_storages, METH_NOARGS,
+     "The live Storages whose value is still IR (not data, not a failed value), oldest first."},
     {"next_node_serial", next_node_serial, METH_NOARGS, "The serial the next Node will get."},
     {"signatures", signatures, METH_NOARGS, "The table of interned node signatures."},
     {"guard_program", FASTCALL(lazy::guard_program), METH_FASTCALL,

@@ -1,5 +1,6 @@
 """Guard programs (csrc/capture_guards.cpp, lazy/capture/guards.py): every guard kind, hitting and missing, gives
 the answer of the Python check rendered for the same guards (lazy/capture/replay.py)."""
+import collections
 import math
 
 import pytest
@@ -85,6 +86,11 @@ REBOUND = Net()
 REBOUND.forward = Net.forward.__get__(REBOUND)  # a bound method in the instance dict: its __func__ is still Net's
 
 
+class Doubling(dict):
+    def __getitem__(self, key):
+        return 2 * dict.__getitem__(self, key)
+
+
 class Intercepting(Net):
     def __getattribute__(self, name):
         if name == "forward" and object.__getattribute__(self, "other"):
@@ -164,6 +170,12 @@ CASES = [
     ("method of a class with its own __getattribute__", [("id", X.attr(attrs("forward"), "__func__"), Net.forward)],
      [(GETATTRIBUTE,)], [(GETATTRIBUTE_OTHER,)]),
     ("other calls (residual)", [("eq", X.call(sorted, (A0,)), [1, 2])], [([2, 1],)], [([1],)]),
+    # dict subclasses: one that keeps dict's __getitem__ (missing keys call __missing__), one with its own
+    ("defaultdict item", [("eq", X.item(A0, "k"), 0)],
+     [(collections.defaultdict(int),), (collections.defaultdict(int, k=0),)], [(collections.defaultdict(list),),
+                                                                               (collections.defaultdict(int, k=1),)]),
+    ("dict subclass with its own __getitem__", [("eq", X.item(A0, "k"), 2)], [(Doubling(k=1),)],
+     [(Doubling(k=2),), ({"k": 1},)]),
 ]
 
 
@@ -436,7 +448,7 @@ def test_memoized_loads_follow_every_change():
     other = torch.nn.Parameter(torch.randn(2).to(L))
     mod = types.ModuleType("settings")
     mod.value = 1
-    opts = [{"lr": 0.1}, {net.w: {"step": 1}}]
+    opts = [{"lr": 0.1}, collections.defaultdict(dict, {net.w: {"step": 1}})]  # as an optimizer's state
     guards = [
         ("id", attrs("lin"), net.lin), ("id", attrs("lin", "weight"), net.lin.weight), ("id", attrs("w"), net.w),
         ("id", attrs("buf"), net.buf), ("eq", attrs("n"), 3), ("eq", attrs("flag"), "class value"),

@@ -27,7 +27,7 @@ from typing import Any, Optional, Tuple
 import torch
 
 from .. import _C
-from ..ir.node import DATA, Node
+from ..ir.node import Node
 
 LAZY_DEVICE = torch.device("lazy", 0)
 
@@ -154,4 +154,4 @@ def live_storages() -> list:
 
 def pending_storages() -> list:
     """Live storages whose value is still IR (and not a value whose graph already failed), oldest first."""
-    return [st for st in _C.live_storages() if st.value.op is not DATA and st.value is not st.failed]
+    return _C.pending_storages()
