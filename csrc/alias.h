@@ -28,7 +28,7 @@ int tensor_requires_grad(PyObject* tensor);
 
 // Whether ``tensor`` (a torch.Tensor) has a gradient (``tensor.grad is not None``), read from its TensorImpl: 1, 0,
 // or -1 with a Python error set. Python's ``tensor.grad`` may answer otherwise where a subclass or __torch_function__
-// intercepts it: callers check that nothing does (Note [Gradients in guard programs] in capture_guards.cpp).
+// intercepts it: callers check that nothing does (Note [Gradients in guard programs] in guard_reads.cpp).
 int tensor_grad_defined(PyObject* tensor);
 // Whether a TorchFunctionMode is active on this thread (torch's test before ``tensor.grad`` calls the mode).
 bool torch_function_mode_active();

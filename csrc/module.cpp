@@ -114,7 +114,7 @@ PyMethodDef methods[] = {
      "(Note [Loads memoized by dict versions] in csrc/guard_reads.cpp); on by default."},
     {"set_guard_prefetch", lazy::set_guard_prefetch, METH_O,
      "set_guard_prefetch(enabled): whether guard programs prefetch what their last run read "
-     "(csrc/capture_guards.cpp)."},
+     "(csrc/guard_reads.cpp)."},
     {"data_leaf", lazy::data_leaf_py, METH_O,
      "data_leaf(tensor): a data leaf Node holding tensor (csrc/replay_io.cpp)."},
     {"replay_inputs", FASTCALL(lazy::replay_inputs), METH_FASTCALL,

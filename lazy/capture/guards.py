@@ -108,7 +108,7 @@ class _Builder:
 
     def guard(self, kind: str, e: E, expected: Any, keys_same: Any, tensor_signature: Any) -> bool:
         if kind == "id" and isinstance(expected, types.FunctionType) and e.op == "attr" and e.args[1] == "__func__" \
-                and type(e.args[0]) is E and e.args[0].op == "attr":  # Note [Method guards] (capture_guards.cpp)
+                and type(e.args[0]) is E and e.args[0].op == "attr":  # Note [Method guards] (guard_reads.cpp)
             obj = self.load(e.args[0].args[0])
             if obj is None:
                 return False

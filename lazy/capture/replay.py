@@ -295,7 +295,7 @@ def _loads_in_c(r: Renderer) -> tuple:
     optimizer's state dicts), each a Python line, and a module's submodules and parameters through
     ``Module.__getattr__``, a Python function (~0.5 us a call): a fifth of the replay's host time on a GPU. The
     temporaries that are chains of loads run instead as one program of the guard instructions (csrc/
-    capture_guards.cpp, the lookup a guard makes, nn.Module's included), which returns their values as a tuple;
+    capture_guards.cpp and guard_reads.cpp, the lookup a guard makes, nn.Module's included), which returns their values as a tuple;
     the others (calls) stay Python lines after it. A load program that cannot read a value raises as the Python
     line would (the guards just read the same state)."""
     names = dict(r.temps)

@@ -23,19 +23,23 @@ arguments, which decides the rest:
   its storage; a replay first checks, by reference count, that none is referenced beyond its storage, and where one
   is, runs the program without the graph instead (fresh outputs, nothing overwritten; ``cuda_graph.unsafe_runs``).
 - **Not graphed**: programs with random ops (their generators are made per run), programs with collectives over
-  more than one rank and cached ``mark_step`` programs with any (Note [Collectives in a CUDA graph]), and programs
-  whose kernels are not compiled yet (tiered compilation); these run as the plain program. The first run after
-  the kernels are ready is a plain one too (warm-up: allocator, cuBLAS workspaces), the second captures.
-
-Note [Collectives in a CUDA graph]
+  more than one rank and cached ``mark_step`` programs with any (Note [Collectives in a CUDA graph]
 A data-parallel script run on one rank (DDP over a group of one) records its collectives like any other; over one
 rank they return their input and communicate nothing, so a captured step with them is replayed as a graph like any
 other (a 2-layer d=256 GPT DDP step on one H200: 3.24 ms launched from the host, 2.35 ms replayed). Over more
-ranks it is not: NCCL collectives can be captured (the process group enqueues them on its own stream, which the
-capture joins through events), but a captured DDP step hung at its first graphed run on two H200s, both ranks
-capturing at the same step (not diagnosed further). Such a program runs plainly, its all-reduce launched from the
-host, as do cached ``mark_step`` programs with collectives, whose kernels become ready at different steps on
-different ranks (tiered compilation). Random ops stay ungraphable everywhere: their generators are made per run.
+ranks it is not. NCCL collectives can be captured (the process group enqueues them on its own stream, which the
+capture joins through events), but on the 2-GPU H200 machines this was measured on, a graph holding an NCCL
+all-reduce hangs at its first replay on both ranks: a captured DDP step, and PyTorch's own ``torch.cuda.graph``
+capture of one ``dist.all_reduce`` alike (with ``capture_error_mode`` thread_local or global, ``c10d`` or the
+functional collective, with NCCL's cuMem, P2P or SHM transports off, with c10d's async error handling off). Only
+``NCCL_GRAPH_MIXING_SUPPORT=0`` (NCCL's remedy for hangs when ranks launch graphs with NCCL kernels, correct only
+while a communicator never has an outstanding graph launch followed by an ungraphed one) made that capture replay
+correctly; a captured lazy DDP step graphed under it (its collectives on a communicator of their own, a wait for the
+last graphed replay before any ungraphed collective, no tiering so that every rank graphs at the same step) still
+did not finish in the one run made. So a program with collectives over more than one rank runs plainly, its
+all-reduce launched from the host, as do cached ``mark_step`` programs with collectives, whose kernels become
+ready at different steps on different ranks (tiered compilation). Random ops stay ungraphable everywhere: their
+generators are made per run.
 
 Note [CUDA graphs for cached programs]
 A plain ``mark_step()`` loop runs the same cached program every step, and launching it from the host cost a GPT
