@@ -450,8 +450,9 @@ bool init_guard_reads() {
   Py_XINCREF(s_object_getattribute);
   s_module_getattribute = s_getattribute ? _PyType_Lookup(&PyModule_Type, s_getattribute) : nullptr;
   Py_XINCREF(s_module_getattribute);
-  return s_module_getattribute && s_lz_desc && s_lz_chain && s_lz_st && s_numel && s_dtype && s_getattr && s_func && s_grad &&
-         s_torch_function && s_object_getattribute && s_module_dicts[0] && s_module_dicts[1] && s_module_dicts[2];
+  return s_module_getattribute && s_lz_desc && s_lz_chain && s_lz_st && s_numel && s_dtype && s_getattr && s_func &&
+         s_grad && s_torch_function && s_object_getattribute && s_module_dicts[0] && s_module_dicts[1] &&
+         s_module_dicts[2];
 }
 
 void set_module_type(PyTypeObject* module_type) {

@@ -12,6 +12,7 @@
 #include "outputs.h"
 #include "record.h"
 #include "replay_io.h"
+#include "native_launch.h"
 #include "runner.h"
 
 namespace py = pybind11;
@@ -91,6 +92,20 @@ PyMethodDef methods[] = {
      "pack_scalars(scalars, doubles, int64s): a graph's runtime scalars as its kernels read them."},
     {"make_runner", FASTCALL(lazy::make_runner), METH_FASTCALL,
      "make_runner(steps, num_buffers, include_raw, exclude_raw) -> capsule: a program's plan for run_program."},
+    {"placeholders", FASTCALL(lazy::placeholders), METH_FASTCALL,
+     "placeholders([(like, shape, stride), ...]) -> empty-storage tensors of those layouts (csrc/native_launch.cpp)."},
+    {"adopt_outputs", FASTCALL(lazy::adopt_outputs), METH_FASTCALL,
+     "adopt_outputs(placeholders, outputs) -> indices not adopted (another layout): set_ each to its output."},
+    {"native_configure", FASTCALL(lazy::native_configure), METH_FASTCALL,
+     "native_configure(omp_setter, mkl_setter): the thread-count setters of the launch thread (native_launch.cpp)."},
+    {"native_submit", FASTCALL(lazy::native_submit), METH_FASTCALL,
+     "native_submit(runner, pointers, doubles, int64s, nscalars, values, forwards, lo, hi, epoch, threads, arena) "
+     "-> job: "
+     "a run queued on the launch thread (csrc/native_launch.cpp)."},
+    {"native_done", lazy::native_done, METH_O, "native_done(job) -> whether the launch thread has run it."},
+    {"native_wait", lazy::native_wait, METH_O, "native_wait(job): wait (without the GIL) until it has run."},
+    {"native_finish", FASTCALL(lazy::native_finish), METH_FASTCALL,
+     "native_finish(job, wanted) -> (error bits, [(id, tensor)]) or None (not run: an earlier job failed)."},
     {"run_program", FASTCALL(lazy::run_program), METH_FASTCALL,
      "run_program(runner, pointers, doubles, int64s, values, lo, hi, wanted) -> (error bits, [(id, tensor)]): a "
      "program's segments and extern calls without the GIL (csrc/runner.cpp)."},

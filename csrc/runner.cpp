@@ -64,11 +64,15 @@ struct Step {
   std::vector<int64_t> frees;
 };
 
-struct Runner {
+}  // namespace
+
+struct Runner {  // declared in runner.h; its steps' types are this file's own
   std::vector<Step> steps;
   int64_t num_buffers = 0;
   c10::DispatchKeySet include, exclude;
 };
+
+namespace {
 
 const char* const kCapsule = "lazy.runner";
 
@@ -207,15 +211,13 @@ at::Tensor settle(const at::Tensor& t, const Out& out) {
   return placed;
 }
 
-struct Failure {
-  PyObject* type = nullptr;
-  std::string message;
-  const char* torch_type = nullptr;  // a torch._C exception class, looked up once the GIL is back
-};
+
 
 // Runs the steps; returns the error bits of the first segment that reported any (0: none). Throws on ATen errors.
+// With ``graveyard``, a freed buffer moves there instead of being dropped (its last reference is then dropped where
+// the caller holds the GIL: Note [Launches on a C thread] in native_launch.cpp).
 int execute(const Runner& r, std::vector<at::Tensor>& vals, void** ptrs, const double* fs, const int64_t* is,
-            uintptr_t lo, uintptr_t hi) {
+            uintptr_t lo, uintptr_t hi, std::vector<at::Tensor>* graveyard) {
   c10::impl::ForceDispatchKeyGuard keys(r.include, r.exclude);
   using Segment = int (*)(void**, const double*, const int64_t*);
   std::vector<c10::IValue> stack;
@@ -267,27 +269,14 @@ int execute(const Runner& r, std::vector<at::Tensor>& vals, void** ptrs, const d
         vals[out.bid] = std::move(t);
       }
     }
-    for (int64_t i : step.frees) vals[i] = at::Tensor();
+    for (int64_t i : step.frees) {
+      if (graveyard != nullptr && vals[i].defined()) graveyard->push_back(std::move(vals[i]));
+      vals[i] = at::Tensor();
+    }
   }
   return 0;
 }
 
-PyObject* wrap(const at::Tensor& t) {
-  static PyObject* wrap_impl = nullptr;
-  if (wrap_impl == nullptr) {
-    PyObject* mod = PyImport_ImportModule("torch._C");
-    if (mod == nullptr) return nullptr;
-    wrap_impl = PyObject_GetAttrString(mod, "_wrap_tensor_impl");
-    Py_DECREF(mod);
-    if (wrap_impl == nullptr) return nullptr;
-  }
-  // torch's binding takes the TensorImpl* as a capsule (pybind11's void*), unnamed as _tensor_impl_raw_handle's
-  PyObject* address = PyCapsule_New(t.unsafeGetTensorImpl(), nullptr, nullptr);
-  if (address == nullptr) return nullptr;
-  PyObject* out = PyObject_CallOneArg(wrap_impl, address);
-  Py_DECREF(address);
-  return out;
-}
 
 }  // namespace
 
@@ -313,72 +302,83 @@ PyObject* make_runner(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return PyCapsule_New(r, kCapsule, destroy);
 }
 
-PyObject* run_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 8) {
-    PyErr_SetString(PyExc_TypeError,
-                    "run_program(runner, pointers, doubles, int64s, values, arena_lo, arena_hi, wanted)");
-    return nullptr;
+PyObject* wrap(const at::Tensor& t) {
+  static PyObject* wrap_impl = nullptr;
+  if (wrap_impl == nullptr) {
+    PyObject* mod = PyImport_ImportModule("torch._C");
+    if (mod == nullptr) return nullptr;
+    wrap_impl = PyObject_GetAttrString(mod, "_wrap_tensor_impl");
+    Py_DECREF(mod);
+    if (wrap_impl == nullptr) return nullptr;
   }
-  auto* r = static_cast<Runner*>(PyCapsule_GetPointer(args[0], kCapsule));
-  if (r == nullptr) return nullptr;
-  void** ptrs = static_cast<void**>(PyLong_AsVoidPtr(args[1]));
-  const double* fs = static_cast<const double*>(PyLong_AsVoidPtr(args[2]));
-  const int64_t* is = static_cast<const int64_t*>(PyLong_AsVoidPtr(args[3]));
-  uintptr_t lo = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[5]));
-  uintptr_t hi = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[6]));
-  if (PyErr_Occurred()) return nullptr;
-  std::vector<at::Tensor> vals(r->num_buffers);
-  PyObject* values = args[4];
+  // torch's binding takes the TensorImpl* as a capsule (pybind11's void*), unnamed as _tensor_impl_raw_handle's
+  PyObject* address = PyCapsule_New(t.unsafeGetTensorImpl(), nullptr, nullptr);
+  if (address == nullptr) return nullptr;
+  PyObject* out = PyObject_CallOneArg(wrap_impl, address);
+  Py_DECREF(address);
+  return out;
+}
+
+Runner* runner_of(PyObject* capsule) { return static_cast<Runner*>(PyCapsule_GetPointer(capsule, kCapsule)); }
+
+int64_t runner_buffers(const Runner& r) { return r.num_buffers; }
+
+bool set_values(const Runner& r, PyObject* values, std::vector<at::Tensor>& vals) {
   for (Py_ssize_t i = 0; i < PyList_Size(values); ++i) {
     PyObject* pair = PyList_GET_ITEM(values, i);
-    int64_t bid = PyLong_AsLongLong(PyTuple_GET_ITEM(pair, 0));
-    c10::TensorImpl* impl = tensor_impl(PyTuple_GET_ITEM(pair, 1));
-    if (impl == nullptr || bid < 0 || bid >= r->num_buffers) {
-      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "run_program: a bad (buffer, tensor) pair");
-      return nullptr;
+    int64_t bid = PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2 ? PyLong_AsLongLong(PyTuple_GET_ITEM(pair, 0))
+                                                                      : -1;
+    c10::TensorImpl* impl = bid >= 0 ? tensor_impl(PyTuple_GET_ITEM(pair, 1)) : nullptr;
+    if (impl == nullptr || bid < 0 || bid >= r.num_buffers) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "lazy runner: a bad (buffer, tensor) pair");
+      return false;
     }
     vals[bid] = at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl));
   }
-  int err = 0;
-  Failure failure;
-  Py_BEGIN_ALLOW_THREADS
+  return true;
+}
+
+int execute_guarded(const Runner& r, std::vector<at::Tensor>& vals, void** ptrs, const double* fs, const int64_t* is,
+                    uintptr_t lo, uintptr_t hi, std::vector<at::Tensor>* graveyard, Failure* failure) {
   try {
-    err = execute(*r, vals, ptrs, fs, is, lo, hi);
+    return execute(r, vals, ptrs, fs, is, lo, hi, graveyard);
   } catch (const c10::LinAlgError& e) {
-    failure = {PyExc_RuntimeError, e.what_without_backtrace(), "_LinAlgError"};
+    *failure = {PyExc_RuntimeError, e.what_without_backtrace(), "_LinAlgError"};
   } catch (const c10::OutOfMemoryError& e) {
-    failure = {PyExc_RuntimeError, e.what_without_backtrace(), "OutOfMemoryError"};
+    *failure = {PyExc_RuntimeError, e.what_without_backtrace(), "OutOfMemoryError"};
   } catch (const c10::IndexError& e) {
-    failure = {PyExc_IndexError, e.what_without_backtrace(), nullptr};
+    *failure = {PyExc_IndexError, e.what_without_backtrace(), nullptr};
   } catch (const c10::ValueError& e) {
-    failure = {PyExc_ValueError, e.what_without_backtrace(), nullptr};
+    *failure = {PyExc_ValueError, e.what_without_backtrace(), nullptr};
   } catch (const c10::TypeError& e) {
-    failure = {PyExc_TypeError, e.what_without_backtrace(), nullptr};
+    *failure = {PyExc_TypeError, e.what_without_backtrace(), nullptr};
   } catch (const c10::NotImplementedError& e) {
-    failure = {PyExc_NotImplementedError, e.what_without_backtrace(), nullptr};
+    *failure = {PyExc_NotImplementedError, e.what_without_backtrace(), nullptr};
   } catch (const c10::Error& e) {
-    failure = {PyExc_RuntimeError, e.what_without_backtrace(), nullptr};
+    *failure = {PyExc_RuntimeError, e.what_without_backtrace(), nullptr};
   } catch (const std::exception& e) {
-    failure = {PyExc_RuntimeError, e.what(), nullptr};
+    *failure = {PyExc_RuntimeError, e.what(), nullptr};
   }
-  Py_END_ALLOW_THREADS
-  if (failure.type != nullptr) {
-    PyObject* type = failure.type;
-    PyObject* mod = failure.torch_type != nullptr ? PyImport_ImportModule("torch._C") : nullptr;
-    PyObject* torch_type = mod != nullptr ? PyObject_GetAttrString(mod, failure.torch_type) : nullptr;
-    PyErr_Clear();
-    PyErr_SetString(torch_type != nullptr ? torch_type : type, failure.message.c_str());
-    Py_XDECREF(torch_type);
-    Py_XDECREF(mod);
-    return nullptr;
-  }
-  PyObject* wanted = args[7];
+  return 0;
+}
+
+PyObject* raise_failure(const Failure& failure) {
+  PyObject* mod = failure.torch_type != nullptr ? PyImport_ImportModule("torch._C") : nullptr;
+  PyObject* torch_type = mod != nullptr ? PyObject_GetAttrString(mod, failure.torch_type) : nullptr;
+  PyErr_Clear();
+  PyErr_SetString(torch_type != nullptr ? torch_type : failure.type, failure.message.c_str());
+  Py_XDECREF(torch_type);
+  Py_XDECREF(mod);
+  return nullptr;
+}
+
+PyObject* results_of(const Runner& r, const std::vector<at::Tensor>& vals, PyObject* wanted) {
   PyObject* results = PyList_New(0);
   if (results == nullptr) return nullptr;
   for (Py_ssize_t i = 0; i < PyTuple_Size(wanted); ++i) {
     PyObject* id = PyTuple_GET_ITEM(wanted, i);
     int64_t bid = PyLong_AsLongLong(id);
-    if (bid < 0 || bid >= r->num_buffers || !vals[bid].defined()) continue;
+    if (bid < 0 || bid >= r.num_buffers || !vals[bid].defined()) continue;
     PyObject* t = wrap(vals[bid]);
     if (t == nullptr) {
       Py_DECREF(results);
@@ -393,11 +393,38 @@ PyObject* run_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     }
     Py_DECREF(pair);
   }
+  return results;
+}
+
+PyObject* run_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 8) {
+    PyErr_SetString(PyExc_TypeError,
+                    "run_program(runner, pointers, doubles, int64s, values, arena_lo, arena_hi, wanted)");
+    return nullptr;
+  }
+  Runner* r = runner_of(args[0]);
+  if (r == nullptr) return nullptr;
+  void** ptrs = static_cast<void**>(PyLong_AsVoidPtr(args[1]));
+  const double* fs = static_cast<const double*>(PyLong_AsVoidPtr(args[2]));
+  const int64_t* is = static_cast<const int64_t*>(PyLong_AsVoidPtr(args[3]));
+  uintptr_t lo = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[5]));
+  uintptr_t hi = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[6]));
+  if (PyErr_Occurred()) return nullptr;
+  std::vector<at::Tensor> vals(r->num_buffers);
+  if (!set_values(*r, args[4], vals)) return nullptr;
+  int err = 0;
+  Failure failure;
+  Py_BEGIN_ALLOW_THREADS
+  err = execute_guarded(*r, vals, ptrs, fs, is, lo, hi, nullptr, &failure);
+  Py_END_ALLOW_THREADS
+  if (failure.type != nullptr) return raise_failure(failure);
+  PyObject* results = results_of(*r, vals, args[7]);
   {
     // the tensors Python holds lose the references taken above with the GIL held (a TensorImpl whose last reference
     // goes may free a Python object)
     std::vector<at::Tensor> drop = std::move(vals);
   }
+  if (results == nullptr) return nullptr;
   return Py_BuildValue("(iN)", err, results);
 }
 

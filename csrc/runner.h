@@ -4,7 +4,36 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
 namespace lazy {
+
+struct Runner;
+
+// An error an ATen call raised during a run, kept until the GIL is held to raise it.
+struct Failure {
+  PyObject* type = nullptr;
+  std::string message;
+  const char* torch_type = nullptr;  // a torch._C exception class, looked up once the GIL is back
+};
+
+// The pieces of run_program, for runs started elsewhere (native_launch.cpp). runner_of: the Runner of a
+// make_runner capsule (NULL with an error set); set_values: vals[id] = tensor for each (id, tensor) pair (GIL held);
+// execute_guarded: the run, without the GIL, ATen errors caught into *failure (frees of buffers go to graveyard
+// when given); raise_failure: sets the Python error, returns NULL; results_of: the (id, tensor) pairs of ``wanted``.
+Runner* runner_of(PyObject* capsule);
+int64_t runner_buffers(const Runner& r);
+bool set_values(const Runner& r, PyObject* values, std::vector<at::Tensor>& vals);
+int execute_guarded(const Runner& r, std::vector<at::Tensor>& vals, void** ptrs, const double* fs, const int64_t* is,
+                    uintptr_t lo, uintptr_t hi, std::vector<at::Tensor>* graveyard, Failure* failure);
+PyObject* raise_failure(const Failure& failure);
+PyObject* results_of(const Runner& r, const std::vector<at::Tensor>& vals, PyObject* wanted);
+// A Python tensor of ``t`` (torch._C._wrap_tensor_impl); NULL with an error set.
+PyObject* wrap(const at::Tensor& t);
 
 // make_runner(steps, num_buffers, include_raw, exclude_raw) -> capsule: the plan of a program whose externs are all
 // ATen operators called with flat arguments (lazy/runtime/cpp_native.py builds ``steps``; the raw dispatch key sets

@@ -51,6 +51,101 @@ def test_repeated_steps_launch_asynchronously_and_match_a_synchronous_run():
     torch.testing.assert_close(got[-1], expected)
 
 
+def _native_runs():
+    return metrics.counter("cpp.native_runs")
+
+
+@pytest.mark.skipif(lazy.config.backing_device.startswith("cuda"), reason="the C launch thread runs cpu programs")
+def test_programs_that_run_in_c_launch_on_the_c_thread_reading_what_earlier_jobs_produce():
+    """Note [Launches on a C thread]: each step reads the last step's output while that step may still be in flight
+    (its leaf is forwarded from the earlier job); two programs alternate, so jobs of both are in flight at once."""
+    def step(x):
+        return (x * 1.5).sin() + x.mean(0) * 0.1
+
+    def other(x):
+        return x.t() @ x * 0.01 + 1
+
+    def run(x):
+        chained = [t.cpu() for t in _steps(6, lambda x: other(step(x)), x)]
+        outs = []
+        for i in range(6):
+            x = step(x) if i % 2 == 0 else other(x)
+            lazy.mark_step()
+            outs.append(x)
+        return chained, [t.cpu() for t in outs]
+
+    x0 = torch.randn(16, 16)
+    before = _native_runs()
+    with lazy.config.override(compiler="cpp"):
+        got, alternating = run(x0.to(L))
+    assert _native_runs() - before >= 6 and launch._S.native
+    with lazy.config.override(async_execution=False, compiler="cpp"):
+        want, want_alternating = run(x0.to(L))
+    for g, w in zip(got + alternating, want + want_alternating):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.skipif(lazy.config.backing_device.startswith("cuda"), reason="the C launch thread runs cpu programs")
+def test_a_failure_on_the_c_thread_surfaces_once_and_the_values_stay_failed():
+    """A kernel's error on the C launch thread is raised at the next sync or wait, once; the value stays failed;
+    later steps run."""
+    table = torch.randn(4, 3).to(L)
+    with lazy.config.override(compiler="cpp"):
+        for _ in range(2):
+            y = table[torch.tensor([0, 1]).to(L)] + 1
+            lazy.mark_step()
+        lazy.wait_device_ops()
+        before = _native_runs()
+        with pytest.raises(StepFailed, match="index out of range") as info:
+            y = table[torch.tensor([0, 9]).to(L)] + 1  # an index out of range: the kernel reports it
+            lazy.mark_step()
+            lazy.wait_device_ops()
+        assert isinstance(info.value.__cause__, (IndexError, RuntimeError))
+        lazy.wait_device_ops()  # raised once
+        with pytest.raises(Exception):
+            y.cpu()
+        w = table * 3
+        lazy.mark_step()
+        torch.testing.assert_close(w.cpu(), table.cpu() * 3)
+        assert _native_runs() > before
+    del y, info
+
+
+@pytest.mark.skipif(lazy.config.backing_device.startswith("cuda"), reason="the C launch thread runs cpu programs")
+def test_a_job_queued_behind_a_failed_one_of_its_epoch_does_not_run():
+    """Note [Launches on a C thread]: jobs run in launch order; once one fails, the ones of its epoch queued behind it
+    are not run (they may read its outputs) until the calling thread has learned of it (a new epoch)."""
+    from lazy.runtime.cpp import KernelIndexError
+
+    table = torch.randn(4, 3)
+    seen = []
+    with lazy.config.override(compiler="cpp", async_execution=False):
+        y = table.to(L)[torch.tensor([0, 1]).to(L)] + 1
+        lazy.mark_step()
+        program = graph_cache.latest()
+        run = program.run
+        program.run = lambda leaves, scalars: seen.append((list(leaves), scalars)) or run(leaves, scalars)
+        try:
+            y = table.to(L)[torch.tensor([2, 3]).to(L)] + 1
+            lazy.mark_step()
+        finally:
+            del program.run
+    leaves, scalars = seen[0]
+    k = next(i for i, t in enumerate(leaves) if t.dtype == torch.int64)
+    bad = list(leaves)
+    bad[k] = torch.tensor([0, 9])
+    epoch = launch._S.epoch
+    failing = program.submit(bad, [], scalars, epoch, 1)
+    behind = program.submit(leaves, [], scalars, epoch, 1)
+    with pytest.raises(KernelIndexError):
+        program.finish(failing)
+    assert program.finish(behind) is None  # not run
+    launch._S.epoch += 1  # what the calling thread does once it has learned of a failure
+    outs = program.finish(program.submit(leaves, [], scalars, launch._S.epoch, 1))
+    torch.testing.assert_close(outs[0], table[[2, 3]] + 1)
+    torch.testing.assert_close(y.cpu(), table[[2, 3]] + 1)
+
+
 def test_disabled_runs_every_graph_on_the_calling_thread():
     with lazy.config.override(async_execution=False):
         _steps(4, lambda x: x + 1, torch.zeros(4).to(L))

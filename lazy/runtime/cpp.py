@@ -256,6 +256,85 @@ class Program:
                 ptrs[bid] = t.data_ptr()
         return self._run(values, ptrs, arena, leaves, scalars)
 
+    # ---- launched on the C thread (Note [Launches on a C thread] in csrc/native_launch.cpp) ----
+
+    def launchable(self) -> bool:
+        """Whether a launched run can go to the C launch thread: the program runs in C (and untimed)."""
+        return self._native is not None and config.debug < 3
+
+    def submit(self, leaves: Sequence[torch.Tensor], forwards: list, scalars: Sequence[Any], epoch: int,
+               threads: int) -> tuple:
+        """Prepare a run on the calling thread (its own arena, buffers, pointers and scalars: an earlier run of this
+        program may still be in flight) and queue it on the launch thread; ``forwards`` (buffer id, job, the job's
+        buffer id) are leaves an earlier job produces. What ``finish`` takes."""
+        arena, ptrs, views = self._launch_set()
+        values: List[Any] = [None] * self.num_buffers
+        for bid, t in views:
+            values[bid] = t
+        base = arena.data_ptr()
+        forwarded = {bid for bid, _, _ in forwards}
+        for i, t in zip(self.leaf_ids, leaves):
+            values[i] = t
+            if i not in forwarded:
+                ptrs[i] = t.data_ptr()
+        n = max(len(scalars), 1)
+        fs, is_ = (ctypes.c_double * n)(), (ctypes.c_int64 * n)()
+        _C.pack_scalars(scalars, fs, is_)
+        address = ctypes.addressof(ptrs)
+        spares = BUDGET.admit(self)
+        reused = 0
+        for step in self.steps:
+            if step[0] is _SEGMENT and step[3]:
+                reused += _C.take_buffers(step[3], spares, values, address, pages.empty)
+        pairs = [(i, t) for i, t in enumerate(values) if t is not None and i not in forwarded]
+        check_alias = bool(self.arena_views) and self.keep_arena
+        job = _C.native_submit(self._native, address, ctypes.addressof(fs), ctypes.addressof(is_), n, pairs,
+                               forwards, base if check_alias else 0, base + arena.numel() if check_alias else 0,
+                               epoch, threads, arena)
+        return job, values, reused
+
+    def _launch_set(self) -> tuple:
+        """(arena, pointer array, arena views) for the next launched run: two sets, taken in turn. A launch waits
+        while two runs are in flight (MAX_IN_FLIGHT in lazy/sync/launch.py), so the run that used a set before is
+        done; the pointer array is copied by the job. A program whose arena is not kept (a large one) gets a fresh
+        one every run, as a synchronous run does."""
+        sets = self.__dict__.setdefault("_launch_sets", [None, None])
+        turn = self.__dict__["_launch_turn"] = 1 - self.__dict__.get("_launch_turn", 1)
+        if sets[turn] is None or not self.keep_arena:
+            arena = torch.empty(self.arena_bytes, dtype=torch.uint8)
+            ptrs = (ctypes.c_void_p * max(self.num_buffers, 1))()
+            base = arena.data_ptr()
+            for bid, off in self.arena_slots:
+                ptrs[bid] = base + off
+            views = []
+            if self.keep_arena:
+                for bid, off, shape, dtype in self.arena_views:
+                    t = arena_view(arena, off, shape, dtype)
+                    views.append((bid, t))
+                    ptrs[bid] = t.data_ptr()
+            sets[turn] = (arena, ptrs, views)
+        return sets[turn]
+
+    def finish(self, submitted: tuple) -> Any:
+        """The outputs of a submitted run once it has run (waiting for it), None where it did not run (an earlier
+        job of its epoch failed); raises its error."""
+        job, values, reused = submitted
+        answer = _C.native_finish(job, self._wanted)
+        if answer is None:
+            return None
+        return self._settle_native(answer, values, reused)
+
+    def _settle_native(self, answer: tuple, values: List[Any], reused: int) -> List[torch.Tensor]:
+        """The outputs of a run in C: its error bits raised, the extern results it made put in place."""
+        err, made = answer
+        if err:
+            _raise_kernel_error(err)
+        for i, t in made:
+            values[i] = t
+        metrics.bump_many(("executed_graphs", 1), ("executed_nodes", self.num_nodes),
+                          ("kernels_launched", self.num_kernels), ("spares.reused", reused), ("cpp.native_runs", 1))
+        return [values[i] for i in self.output_ids]
+
     def _run_native(self, values: List[Any], address: int, fs_at: int, is_at: int, spares: Any, lo: int,
                     hi: int) -> List[torch.Tensor]:
         """The run in C (Note [Programs run in C]): every segment's outputs taken first (their shapes are fixed),
@@ -265,14 +344,8 @@ class Program:
             if step[0] is _SEGMENT and step[3]:
                 reused += _C.take_buffers(step[3], spares, values, address, pages.empty)
         pairs = [(i, t) for i, t in enumerate(values) if t is not None]
-        err, made = _C.run_program(self._native, address, fs_at, is_at, pairs, lo, hi, self._wanted)
-        if err:
-            _raise_kernel_error(err)
-        for i, t in made:
-            values[i] = t
-        metrics.bump_many(("executed_graphs", 1), ("executed_nodes", self.num_nodes),
-                          ("kernels_launched", self.num_kernels), ("spares.reused", reused), ("cpp.native_runs", 1))
-        return [values[i] for i in self.output_ids]
+        answer = _C.run_program(self._native, address, fs_at, is_at, pairs, lo, hi, self._wanted)
+        return self._settle_native(answer, values, reused)
 
     def _run(self, values: List[Any], ptrs: Any, arena: torch.Tensor, leaves: Sequence[torch.Tensor],
              scalars: Sequence[Any]) -> List[torch.Tensor]:

@@ -18,17 +18,21 @@ If a later run returns other strides, the worker copies into storage of the prom
 on the placeholder's strides never reads another layout.
 
 On the cpu the worker's kernels (ctypes calls, ATen externs) release the GIL, so they run beside the recorder;
-on cuda the worker enqueues on the stream that was current at the launch. But between its kernels the worker runs
-Python (the program's loop, extern calls), and each time it takes the GIL back while the recorder runs Python the
-two hand it over (Note [The GIL between recorder and worker]): a program of k kernels and externs costs the
-recorder about k handovers, each a wait until the other thread is scheduled, long on a loaded machine. On cuda,
-where a program's host work is Python launching kernels, recording the 6x384 GPT step at batch 8 took 58 ms per
-step beside the worker against 26 ms alone (an H100). On the 2-core cpu (benchmarks/train_step.py, which splits a
-synchronous step into recording alone and run alone; benchmarks/README.md), the fastest launched steps overlap
-(the CNN's 2.7 ms against 4.8 ms in place at 1 thread), but the median steps of the MLP (16 kernels and externs
-in 0.28 ms) and of the encoder (37 in 1.0 ms) were slower than in place at 1 and 2 threads: recording the
-encoder step took 5-12 ms beside the worker against 3.3 ms alone. So execution is synchronous unless
-``async_execution`` is set.
+on cuda the worker enqueues on the stream that was current at the launch. But between its kernels a Python worker
+runs Python (the program's loop, extern calls, settling its outputs), and each time it takes the GIL back while the
+recorder runs Python the two hand it over (Note [The GIL between recorder and worker]). On cuda, where a program's
+host work is Python launching kernels, recording the 6x384 GPT step at batch 8 took 58 ms per step beside the
+worker against 26 ms alone (an H100). A cpu program that runs in C (Note [Programs run in C] in csrc/runner.cpp)
+therefore launches onto a C++ thread that never takes the GIL (Note [Launches on a C thread] in
+csrc/native_launch.cpp): the calling thread prepares the run (``Program.submit``: buffers, pointers, scalars, one
+of two arenas taken in turn) and settles it when it next retires or waits (``Program.finish``; the placeholders
+are made and pointed at the outputs in C, ``_C.placeholders`` and ``_C.adopt_outputs``). A leaf that a job in
+flight produces is forwarded from that job's outputs when the next one starts. One worker kind is in flight at a
+time (a launch of the other kind waits for the ones in flight), so programs still run in launch order. Measured
+with train_step.py's models at 1 thread on an AMD EPYC with 2 cores (benchmarks/README.md), an asynchronous step
+costs 1.10-1.24x the larger of recording and running in the median (1.27-1.37x through the Python worker), and
+beats the synchronous step for the CNN, encoder and GPT (the MLP's program runs 0.05 ms: launching it costs more
+than it overlaps). So execution is synchronous unless ``async_execution`` is set.
 
 An execution that raises poisons those launched before the calling thread learns of it (they may read its
 outputs); the error is raised at the next sync or wait, naming the launching line, and the synced storages get
@@ -50,6 +54,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from .. import _C
 from ..config import config
 from ..debug import metrics
 from ..ir.ops import SEEDED_OPS
@@ -80,7 +85,8 @@ _LAYOUTS: "Dict[int, tuple]" = {}  # id(program) -> (program, output strides or 
 # region waking its team. The calling thread waits on an Event (a futex), never spinning against the worker. A
 # program the caller reads at once has usually started on the budget before the caller waits: reductions.py's
 # softmax step at 4096x1024 took 4.3 ms launched against 3.1 ms in place at 2 threads.
-# ``async_threads`` sets another budget. A runtime not found in torch/lib is left alone.
+# ``async_threads`` sets another budget. A runtime not found in torch/lib is left alone. The C launch thread (Note
+# [Launches on a C thread]) runs every job on the budget: it sets its own counts through the same setters.
 # NOTE: MKL's C entry point takes the count by value; its lower-case name is the Fortran one (a pointer).
 _THREAD_CONTROL: Optional[tuple] = None  # (omp_set_num_threads or None, MKL_Set_Num_Threads_Local or None)
 
@@ -131,7 +137,7 @@ class Execution:
     """One launched program: what it runs on, the placeholders it fills, and when it is done."""
 
     __slots__ = ("program", "leaves", "scalars", "outputs", "synced", "where", "epoch", "seq", "stream", "threads",
-                 "done", "error")
+                 "done", "error", "job", "out_bids")
 
     def __init__(self, program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any],
                  outputs: List[torch.Tensor], synced: list, where: str, epoch: int, seq: int, stream: Any,
@@ -142,6 +148,8 @@ class Execution:
         self.threads = threads  # (beside the recorder, while the calling thread waits): Note [Thread budget ...]
         self.done = threading.Event()
         self.error: Optional[BaseException] = None
+        self.job: Any = None  # a run on the C launch thread (Note [Launches on a C thread] in csrc/native_launch.cpp)
+        self.out_bids: Sequence[int] = ()  # its program's output buffers, which later jobs' leaves may read
 
 
 class _State:
@@ -158,6 +166,8 @@ class _State:
         self.waiting = False  # the calling thread is blocked on an execution (Note [Thread budget of the worker])
         self.user_interval: Optional[float] = None  # sys.getswitchinterval() while programs are in flight
         self.pid = os.getpid()
+        self.native = False  # the executions in flight are on the C launch thread (else the Python worker)
+        self.configured = False  # the C launch thread knows the thread-count setters
 
 
 _S = _State()
@@ -197,13 +207,14 @@ def launch(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any],
     dtypes, ``strides`` their strides). ``synced`` lists (storage, IR value) pairs given these outputs."""
     _check_fork()
     retire()
+    native = device.type == "cpu" and getattr(program, "launchable", None) is not None and program.launchable()
+    if _S.running and native != _S.native:  # one worker at a time, so that programs run in launch order
+        _wait(_S.running[-1])
+    _S.native = native
     if len(_S.running) >= MAX_IN_FLIGHT:  # the recorder is ahead of the programs: wait for the oldest
         _wait(_S.running[0])
-    outputs = []
-    for node, stride in zip(nodes, strides):
-        p = torch.empty(0, dtype=node.dtype, device=device)
-        p.set_(p.untyped_storage(), 0, node.shape, stride)
-        outputs.append(p)
+    outputs = _C.placeholders([(_like(node.dtype, device), tuple(node.shape), tuple(stride))
+                               for node, stride in zip(nodes, strides)])
     stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
     threads = torch.get_num_threads()
     _S.seq += 1
@@ -215,13 +226,75 @@ def launch(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any],
         _S.user_interval = sys.getswitchinterval()
         sys.setswitchinterval(min(SWITCH_INTERVAL_S, _S.user_interval))
     _S.running.append(ex)
-    if _S.worker is None:
-        _S.worker = threading.Thread(target=_work, args=(_S.queue,), name="lazy-launch", daemon=True)
-        _S.worker.start()
-        atexit.register(settle)
-    _S.queue.put(ex)
+    if native:
+        _submit(ex, program, leaves, scalars)
+    else:
+        if _S.worker is None:
+            _S.worker = threading.Thread(target=_work, args=(_S.queue,), name="lazy-launch", daemon=True)
+            _S.worker.start()
+            atexit.register(settle)
+        _S.queue.put(ex)
     metrics.bump("async.launched")
     return outputs
+
+
+def _submit(ex: Execution, program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any]) -> None:
+    """Queue ``ex`` on the C launch thread (Note [Launches on a C thread] in csrc/native_launch.cpp): a leaf that an
+    execution in flight produces is read from that execution's job when this one starts."""
+    if not _S.configured:
+        omp, mkl = _thread_control()
+        _C.native_configure(*(ctypes.cast(fn, ctypes.c_void_p).value if fn is not None else None for fn in (omp, mkl)))
+        _S.configured = True
+        atexit.register(settle)
+    forwards = []
+    for bid, t in zip(program.leaf_ids, leaves):
+        src = _S.inflight.get(id(t))
+        if src is not None and src.job is not None:
+            k = next(k for k, q in enumerate(src.outputs) if q is t)
+            forwards.append((bid, src.job[0], src.out_bids[k]))
+    ex.job = program.submit(leaves, forwards, scalars, ex.epoch, ex.threads[0])
+    ex.out_bids = program.output_ids
+    ex.leaves = ex.scalars = None
+
+
+def _settle_native(ex: Execution) -> None:
+    """On the calling thread: wait for ``ex``'s job, point its placeholders at its outputs, mark it done."""
+    try:
+        outs = ex.program.finish(ex.job)
+        if outs is None:
+            raise StepFailed("an earlier asynchronously launched graph failed, and this one may read its outputs")
+        _adopt_all(ex.outputs, outs)
+        ex.synced = None  # the IR it replaced is needed only to recover from a failure
+    except BaseException as e:  # noqa: BLE001 -- raised by retire(), as the worker's errors are
+        ex.error = e
+    ex.program = ex.job = None
+    ex.done.set()
+
+
+def _complete(ex: Execution) -> None:
+    """Wait until ``ex`` has run and, for a job of the C launch thread, settle it."""
+    if not ex.done.is_set():
+        if ex.job is not None:
+            _settle_native(ex)
+        else:
+            ex.done.wait()
+
+
+_LIKE: Dict[tuple, torch.Tensor] = {}
+
+
+def _like(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An empty tensor of ``dtype`` on ``device``: what a placeholder's dtype and device are read from."""
+    t = _LIKE.get((dtype, device))
+    if t is None:
+        t = _LIKE[(dtype, device)] = torch.empty(0, dtype=dtype, device=device)
+    return t
+
+
+def _adopt_all(placeholders: List[torch.Tensor], outs: List[torch.Tensor]) -> None:
+    """Point each placeholder at its output (in C where the layouts agree; ``_adopt`` copies the others)."""
+    for k in _C.adopt_outputs(placeholders, list(outs)):
+        _adopt(placeholders[k], outs[k])
 
 
 def _work(q: "queue.SimpleQueue[Execution]") -> None:
@@ -243,8 +316,7 @@ def _work(q: "queue.SimpleQueue[Execution]") -> None:
                         outs = ex.program.run(ex.leaves, ex.scalars)
                 else:
                     outs = ex.program.run(ex.leaves, ex.scalars)
-                for p, out in zip(ex.outputs, outs):
-                    _adopt(p, out)
+                _adopt_all(ex.outputs, outs)
                 ex.synced = None  # the IR it replaced is needed only to recover from a failure
                 metrics.bump("async.run_time_s", time.perf_counter() - start)
             except BaseException as e:  # noqa: BLE001 -- raised on the calling thread by retire()
@@ -314,7 +386,13 @@ def _wait(ex: Execution) -> None:
         start = time.perf_counter()
         _S.waiting = True
         try:
-            ex.done.wait()
+            if ex.job is not None:  # settled in launch order, up to ``ex``
+                for e in list(_S.running):
+                    _complete(e)
+                    if e is ex:
+                        break
+            else:
+                ex.done.wait()
         finally:
             _S.waiting = False
         metrics.bump("async.wait_time_s", time.perf_counter() - start)
@@ -331,7 +409,12 @@ def wait_all() -> None:
 def retire() -> None:
     """Forget finished executions from the oldest on; the first failed one raises here (Note [Asynchronous
     execution])."""
-    while _S.running and _S.running[0].done.is_set():
+    while _S.running:
+        ex = _S.running[0]
+        if not ex.done.is_set():
+            if ex.job is None or not _C.native_done(ex.job[0]):
+                break
+            _settle_native(ex)
         ex = _S.running.popleft()
         for p in ex.outputs:
             _S.inflight.pop(id(p), None)
@@ -349,7 +432,7 @@ def _fail(ex: Execution) -> None:
         later = _S.running[0]
         if later.epoch != ex.epoch:
             break
-        later.done.wait()
+        _complete(later)
         _S.running.popleft()
         failed.append(later)
     for f in failed:
@@ -370,7 +453,10 @@ def settle() -> None:
     """Wait until every launched program has finished, raising nothing (errors wait for the next sync). Also at
     exit: a daemon thread would otherwise die mid-kernel."""
     for ex in list(_S.running):
-        ex.done.wait()
+        if ex.job is not None:
+            _C.native_wait(ex.job[0])
+        else:
+            ex.done.wait()
 
 
 metrics.SETTLE = settle

@@ -1,0 +1,344 @@
+// Note [Launches on a C thread]
+// An asynchronous mark_step (lazy/sync/launch.py) hands its program to a worker while the calling thread records the
+// next step. A Python worker needs the GIL to pick a program up and again to settle it after its kernels, and the
+// recorder holds the GIL nearly all the time: measured on 2 cores (AMD EPYC, a GPT step's program of 0.35 ms), the
+// worker waited a switch interval for each, and the handovers cost the recorder as much time as the program ran
+// (a step of 1.6 ms recording and 0.35 ms run took 2.0 ms launched, as long as in place). A program that runs in C
+// (Note [Programs run in C] in runner.cpp) therefore launches onto a C++ thread that never takes the GIL: the calling
+// thread prepares the run (its buffers, pointers and scalars, copied into the job), the thread runs it, and the
+// calling thread settles it (its results as tensors) when it next needs them. Leaves that a job in flight produces
+// are forwarded: the job reads the earlier job's output when it starts (jobs run in launch order). A job keeps every
+// tensor it touched until the calling thread drops it, with the GIL held (a TensorImpl's last reference may free a
+// Python object), and the thread drops its own reference to a job before it marks it done. A job whose epoch is at
+// most that of a failed one does not run (it may read the failed one's outputs): as the Python worker does.
+#include "native_launch.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "alias.h"
+#include "runner.h"
+
+namespace lazy {
+
+namespace {
+
+struct Job {
+  PyObject* runner_capsule = nullptr;  // strong; dropped with the job, GIL held
+  const Runner* runner = nullptr;
+  std::vector<at::Tensor> vals;
+  std::vector<void*> ptrs;
+  std::vector<double> fs;
+  std::vector<int64_t> is;
+  uintptr_t lo = 0, hi = 0;
+  long long epoch = 0;
+  int threads = 1;
+  std::vector<std::pair<int64_t, std::pair<std::shared_ptr<Job>, int64_t>>> forwards;  // bid <- (job, its bid)
+  std::vector<at::Tensor> graveyard;  // buffers the run freed, and memory its pointers reach: dropped with the job
+  // results, written by the thread before ``done``
+  int err = 0;
+  Failure failure;
+  bool poisoned = false;  // not run: an earlier job of its epoch failed
+  bool failed = false;
+  bool done = false;  // under g_mutex
+  ~Job() { Py_XDECREF(runner_capsule); }
+};
+
+// Never destroyed: the launch thread waits on them until the process ends (a static's destructor at exit would
+// block on a condition variable the thread is waiting on).
+std::mutex& g_mutex = *new std::mutex();
+std::condition_variable& g_work = *new std::condition_variable();  // a job was queued
+std::condition_variable& g_done = *new std::condition_variable();  // a job is done
+std::deque<std::shared_ptr<Job>>* g_queue = nullptr;
+long long g_failed_epoch = -1;  // under g_mutex
+pid_t g_pid = 0;
+void (*g_omp_set)(int) = nullptr;
+void (*g_mkl_set)(int) = nullptr;
+
+const char* const kJob = "lazy.native_job";
+
+void serve(std::deque<std::shared_ptr<Job>>* queue) {
+  at::init_num_threads();  // ATen's once-per-thread setup first, so it cannot undo the counts set below
+  int threads = 0;
+  while (true) {
+    std::shared_ptr<Job> job;
+    long long failed_epoch;
+    {
+      std::unique_lock<std::mutex> lock(g_mutex);
+      g_work.wait(lock, [&] { return !queue->empty(); });
+      job = std::move(queue->front());
+      queue->pop_front();
+      failed_epoch = g_failed_epoch;
+    }
+    Job& j = *job;
+    if (j.epoch <= failed_epoch) {
+      j.poisoned = true;
+    } else {
+      for (auto& [bid, source] : j.forwards) {
+        const Job& src = *source.first;
+        if (src.failed || src.poisoned || !src.vals[source.second].defined()) {
+          j.poisoned = true;
+          break;
+        }
+        j.vals[bid] = src.vals[source.second];
+        j.ptrs[bid] = j.vals[bid].data_ptr();
+      }
+      if (!j.poisoned) {
+        if (j.threads != threads) {  // Note [Thread budget of the worker] in lazy/sync/launch.py
+          if (g_omp_set != nullptr) g_omp_set(j.threads);
+          if (g_mkl_set != nullptr) g_mkl_set(j.threads);
+          threads = j.threads;
+        }
+        j.err = execute_guarded(*j.runner, j.vals, j.ptrs.data(), j.fs.data(), j.is.data(), j.lo, j.hi,
+                                &j.graveyard, &j.failure);
+        j.failed = j.failure.type != nullptr || j.err != 0;
+      }
+    }
+    Job* raw = job.get();
+    job.reset();  // the calling thread holds the job until it has settled it: never the last reference here
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (raw->failed || raw->poisoned) g_failed_epoch = std::max(g_failed_epoch, raw->epoch);
+    raw->done = true;
+    g_done.notify_all();
+  }
+}
+
+// The queue the thread serves, started on first use (again in a forked child, which has no such thread).
+std::deque<std::shared_ptr<Job>>* queue() {
+  if (g_queue == nullptr || g_pid != getpid()) {
+    g_queue = new std::deque<std::shared_ptr<Job>>();  // a forked child's copy of the old one is left alone
+    g_pid = getpid();
+    g_failed_epoch = -1;
+    std::thread(serve, g_queue).detach();
+  }
+  return g_queue;
+}
+
+std::shared_ptr<Job>* job_of(PyObject* capsule) {
+  return static_cast<std::shared_ptr<Job>*>(PyCapsule_GetPointer(capsule, kJob));
+}
+
+void wait_done(Job& j) {
+  Py_BEGIN_ALLOW_THREADS
+  {
+    std::unique_lock<std::mutex> lock(g_mutex);
+    g_done.wait(lock, [&] { return j.done; });
+  }
+  Py_END_ALLOW_THREADS
+}
+
+void drop_job(PyObject* capsule) {
+  auto* job = job_of(capsule);
+  if (job == nullptr) {
+    PyErr_Clear();
+    return;
+  }
+  wait_done(**job);  // the thread's reference is gone once it is done: this one is dropped here, GIL held
+  delete job;
+}
+
+}  // namespace
+
+PyObject* native_configure(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "native_configure(omp_set_num_threads address, mkl setter address)");
+    return nullptr;
+  }
+  g_omp_set = reinterpret_cast<void (*)(int)>(args[0] == Py_None ? nullptr : PyLong_AsVoidPtr(args[0]));
+  g_mkl_set = reinterpret_cast<void (*)(int)>(args[1] == Py_None ? nullptr : PyLong_AsVoidPtr(args[1]));
+  if (PyErr_Occurred()) return nullptr;
+  Py_RETURN_NONE;
+}
+
+PyObject* native_submit(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 12 || !PyList_Check(args[5]) || !PyList_Check(args[6])) {
+    PyErr_SetString(PyExc_TypeError, "native_submit(runner, pointers, doubles, int64s, nscalars, values, forwards, "
+                                     "arena_lo, arena_hi, epoch, threads, arena)");
+    return nullptr;
+  }
+  Runner* r = runner_of(args[0]);
+  if (r == nullptr) return nullptr;
+  auto job = std::make_shared<Job>();
+  job->runner = r;
+  const int64_t n = runner_buffers(*r);
+  void** ptrs = static_cast<void**>(PyLong_AsVoidPtr(args[1]));
+  const double* fs = static_cast<const double*>(PyLong_AsVoidPtr(args[2]));
+  const int64_t* is = static_cast<const int64_t*>(PyLong_AsVoidPtr(args[3]));
+  Py_ssize_t nscalars = PyLong_AsSsize_t(args[4]);
+  job->lo = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[7]));
+  job->hi = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[8]));
+  job->epoch = PyLong_AsLongLong(args[9]);
+  job->threads = static_cast<int>(PyLong_AsLong(args[10]));
+  if (PyErr_Occurred()) return nullptr;
+  if (ptrs == nullptr || fs == nullptr || is == nullptr || nscalars < 1 || job->threads < 1) {
+    PyErr_SetString(PyExc_ValueError, "native_submit: bad arrays or counts");
+    return nullptr;
+  }
+  job->ptrs.assign(ptrs, ptrs + n);
+  job->fs.assign(fs, fs + nscalars);
+  job->is.assign(is, is + nscalars);
+  job->vals.resize(n);
+  if (!set_values(*r, args[5], job->vals)) return nullptr;
+  if (args[11] != Py_None) {  // the arena its pointers reach: alive until the job is dropped
+    c10::TensorImpl* impl = tensor_impl(args[11]);
+    if (impl == nullptr) return nullptr;
+    job->graveyard.emplace_back(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl));
+  }
+  for (Py_ssize_t k = 0; k < PyList_GET_SIZE(args[6]); ++k) {
+    PyObject* f = PyList_GET_ITEM(args[6], k);
+    auto* source = PyTuple_Check(f) && PyTuple_GET_SIZE(f) == 3 ? job_of(PyTuple_GET_ITEM(f, 1)) : nullptr;
+    int64_t bid = source != nullptr ? PyLong_AsLongLong(PyTuple_GET_ITEM(f, 0)) : -1;
+    int64_t from = source != nullptr ? PyLong_AsLongLong(PyTuple_GET_ITEM(f, 2)) : -1;
+    if (source == nullptr || bid < 0 || bid >= n || from < 0 ||
+        from >= static_cast<int64_t>((*source)->vals.size())) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "native_submit: a bad forward");
+      return nullptr;
+    }
+    job->forwards.push_back({bid, {*source, from}});
+  }
+  job->runner_capsule = Py_NewRef(args[0]);
+  auto* held = new std::shared_ptr<Job>(job);
+  PyObject* capsule = PyCapsule_New(held, kJob, drop_job);
+  if (capsule == nullptr) {
+    delete held;
+    return nullptr;
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    queue()->push_back(std::move(job));
+  }
+  g_work.notify_one();
+  return capsule;
+}
+
+PyObject* native_done(PyObject*, PyObject* capsule) {
+  auto* job = job_of(capsule);
+  if (job == nullptr) return nullptr;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return Py_NewRef((*job)->done ? Py_True : Py_False);
+}
+
+PyObject* native_wait(PyObject*, PyObject* capsule) {
+  auto* job = job_of(capsule);
+  if (job == nullptr) return nullptr;
+  wait_done(**job);
+  Py_RETURN_NONE;
+}
+
+PyObject* native_finish(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyTuple_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "native_finish(job, wanted)");
+    return nullptr;
+  }
+  auto* held = job_of(args[0]);
+  if (held == nullptr) return nullptr;
+  Job& j = **held;
+  wait_done(j);
+  if (j.poisoned) Py_RETURN_NONE;
+  if (j.failure.type != nullptr) return raise_failure(j.failure);
+  PyObject* results = results_of(*j.runner, j.vals, args[1]);
+  if (results == nullptr) return nullptr;
+  std::vector<at::Tensor> drop = std::move(j.graveyard);  // dropped here, GIL held
+  return Py_BuildValue("(iN)", j.err, results);
+}
+
+// A plain tensor of the same dtype as ``like`` with these sizes and strides over an empty storage.
+PyObject* placeholders(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 1 || !PyList_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "placeholders([(like, shape, stride), ...])");
+    return nullptr;
+  }
+  PyObject* specs = args[0];
+  PyObject* out = PyList_New(PyList_GET_SIZE(specs));
+  if (out == nullptr) return nullptr;
+  for (Py_ssize_t k = 0; k < PyList_GET_SIZE(specs); ++k) {
+    PyObject* spec = PyList_GET_ITEM(specs, k);
+    c10::TensorImpl* like = PyTuple_Check(spec) && PyTuple_GET_SIZE(spec) == 3 ? tensor_impl(PyTuple_GET_ITEM(spec, 0))
+                                                                              : nullptr;
+    if (like == nullptr) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "placeholders: a bad spec");
+      Py_DECREF(out);
+      return nullptr;
+    }
+    std::vector<int64_t> shape, stride;
+    for (int which = 1; which <= 2; ++which) {
+      PyObject* seq = PyTuple_GET_ITEM(spec, which);
+      auto& dst = which == 1 ? shape : stride;
+      for (Py_ssize_t i = 0; PyTuple_Check(seq) && i < PyTuple_GET_SIZE(seq); ++i) {
+        dst.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(seq, i)));
+      }
+    }
+    if (PyErr_Occurred() || shape.size() != stride.size()) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "placeholders: shape and stride differ in length");
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyObject* t = nullptr;
+    try {
+      at::Tensor base(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(like));
+      at::Tensor p = base.new_empty({0});
+      p.set_(p.storage(), 0, shape, stride);
+      t = wrap(p);
+    } catch (const std::exception& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+    if (t == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyList_SET_ITEM(out, k, t);
+  }
+  return out;
+}
+
+PyObject* adopt_outputs(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
+      PyList_GET_SIZE(args[0]) != PyList_GET_SIZE(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "adopt_outputs(placeholders, outputs), lists of one length");
+    return nullptr;
+  }
+  PyObject* rest = PyList_New(0);
+  if (rest == nullptr) return nullptr;
+  for (Py_ssize_t k = 0; k < PyList_GET_SIZE(args[0]); ++k) {
+    c10::TensorImpl* p = tensor_impl(PyList_GET_ITEM(args[0], k));
+    c10::TensorImpl* o = tensor_impl(PyList_GET_ITEM(args[1], k));
+    if (p == nullptr || o == nullptr) {
+      Py_DECREF(rest);
+      return nullptr;
+    }
+    bool same = p->dtype() == o->dtype() && p->sizes().equals(o->sizes()) && p->strides().equals(o->strides()) &&
+                p->device_type() == o->device_type();
+    if (same) {
+      try {
+        at::Tensor pt(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(p));
+        at::Tensor ot(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(o));
+        pt.set_(ot);
+      } catch (const std::exception&) {
+        same = false;  // left to Python, which raises what ATen raises
+      }
+    }
+    if (!same) {
+      PyObject* index = PyLong_FromSsize_t(k);
+      if (index == nullptr || PyList_Append(rest, index) < 0) {
+        Py_XDECREF(index);
+        Py_DECREF(rest);
+        return nullptr;
+      }
+      Py_DECREF(index);
+    }
+  }
+  return rest;
+}
+
+}  // namespace lazy
