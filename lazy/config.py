@@ -44,6 +44,10 @@ KNOBS = (
          "OpenMP/MKL threads of a program launched asynchronously while the calling thread records; 0, the default: "
          "one fewer than the calling thread's torch.get_num_threads(), at least 1 (Note [Thread budget of the "
          "worker]). A program the calling thread waits for runs with all of them.", int),
+    Knob("async_min_run_us", 150.0, "LAZY_ASYNC_MIN_RUN_US",
+         "With async_execution: a program whose fastest synchronous run took less than this many microseconds keeps "
+         "running synchronously (launching it would cost the calling thread more than it overlaps: Note [Programs "
+         "too short to launch]); 0 launches every program after its first run.", float),
     Knob("capture_verify", False, "LAZY_CAPTURE_VERIFY",
          "lazy.compile: run every replay and a plain run of the same call, and raise on the first difference "
          "(outputs, tensors and Python state it writes).", _bool),

@@ -106,7 +106,7 @@ def test_runs_on_another_thread_while_this_one_records():
         torch.manual_seed(0)
         model = MLP().to("lazy")
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        with lazy.config.override(async_execution=asynchronous):
+        with lazy.config.override(async_execution=asynchronous, async_min_run_us=0):
             for i in range(6):
                 x, y = batch("mlp", i, "cpu")
                 loss = loss_fn("mlp", model(x.to("lazy")), y.to("lazy"))

@@ -18,8 +18,9 @@ L = "lazy"
 
 @pytest.fixture(autouse=True)
 def asynchronous():
-    """Asynchronous execution on (it is off by default)."""
-    with lazy.config.override(async_execution=True):
+    """Asynchronous execution on (it is off by default), for programs of any length (Note [Programs too short to
+    launch])."""
+    with lazy.config.override(async_execution=True, async_min_run_us=0):
         yield
 
 
@@ -144,6 +145,19 @@ def test_a_job_queued_behind_a_failed_one_of_its_epoch_does_not_run():
     outs = program.finish(program.submit(leaves, [], scalars, launch._S.epoch, 1))
     torch.testing.assert_close(outs[0], table[[2, 3]] + 1)
     torch.testing.assert_close(y.cpu(), table[[2, 3]] + 1)
+
+
+def test_programs_shorter_than_the_launch_minimum_run_in_place():
+    """Note [Programs too short to launch]: a program launches once two synchronous runs have shown it takes at
+    least async_min_run_us; a shorter one keeps running on the calling thread."""
+    x = torch.ones(8).to(L)
+    with lazy.config.override(async_min_run_us=1e6):  # a second: nothing here is that long
+        _steps(5, lambda x: x + 1, x)
+    assert metrics.counter("async.launched") == 0
+    with lazy.config.override(async_min_run_us=1e-3, compiler="cpp"):  # a nanosecond: from a program's third run
+        y = _steps(5, lambda x: x * 3, x)[-1]
+    assert metrics.counter("async.launched") == 3
+    assert y.cpu().tolist() == [243.0] * 8
 
 
 def test_disabled_runs_every_graph_on_the_calling_thread():

@@ -93,8 +93,9 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
             for st in pending:
                 st.failed = st.value
             raise
-        metrics.bump("run_time_s", time.perf_counter() - start)
-        launch.remember_layout(program, outs, lin.order)
+        seconds = time.perf_counter() - start
+        metrics.bump("run_time_s", seconds)
+        launch.remember_layout(program, outs, lin.order, seconds)
     if checks:  # the checks' outputs (markers) sit between the storages asked for and those added
         at = len(roots) + first_pending
         outs = outs[:at] + outs[at + len(checks):]

@@ -30,9 +30,9 @@ are made and pointed at the outputs in C, ``_C.placeholders`` and ``_C.adopt_out
 flight produces is forwarded from that job's outputs when the next one starts. One worker kind is in flight at a
 time (a launch of the other kind waits for the ones in flight), so programs still run in launch order. Measured
 with train_step.py's models at 1 thread on an AMD EPYC with 2 cores (benchmarks/README.md), an asynchronous step
-costs 1.10-1.24x the larger of recording and running in the median (1.27-1.37x through the Python worker), and
-beats the synchronous step for the CNN, encoder and GPT (the MLP's program runs 0.05 ms: launching it costs more
-than it overlaps). So execution is synchronous unless ``async_execution`` is set.
+costs 1.08-1.10x the larger of recording and running in the median (1.27-1.37x through the Python worker), with
+programs shorter than a launch is worth run in place (Note [Programs too short to launch]). Execution is
+synchronous unless ``async_execution`` is set.
 
 An execution that raises poisons those launched before the calling thread learns of it (they may read its
 outputs); the error is raised at the next sync or wait, naming the launching line, and the synced storages get
@@ -67,7 +67,8 @@ from ..ir.ops import SEEDED_OPS
 # kernels (nobody asks for the GIL then), and the user's interval is restored when the last program is retired.
 SWITCH_INTERVAL_S = 2e-4
 MAX_IN_FLIGHT = 2  # launched programs not yet finished before a launch waits: the one running and the next
-_LAYOUTS: "Dict[int, tuple]" = {}  # id(program) -> (program, output strides or None) after a synchronous run
+# id(program) -> [program, output strides or None, synchronous runs, the fastest one's seconds]
+_LAYOUTS: "Dict[int, list]" = {}
 
 
 # Note [Thread budget of the worker]
@@ -178,23 +179,39 @@ def enabled() -> bool:
     return bool(config.async_execution)
 
 
+# Note [Programs too short to launch]
+# A launch costs the calling thread more than running the program in place does: placeholders for its outputs,
+# preparing and settling the run (~0.14 ms for the MLP step of train_step.py against its 0.05 ms program, on a
+# 2-core AMD EPYC; 1.24x the larger of recording and running launched, 1.09x in place). So a program launches only
+# once two synchronous runs have shown it takes at least ``config.async_min_run_us`` (150 us: the GPT, encoder and
+# CNN steps' programs, 0.26-0.53 ms, launch); a shorter one keeps running in place, and its fastest run is updated
+# at each. The first run shows the outputs' strides; the second a run time without first-touch page faults.
 def layout_known(program: Any) -> Optional[tuple]:
-    """The output strides a program's synchronous run showed; None before it has run or if it must not launch
-    asynchronously."""
+    """The output strides a program's synchronous runs showed, if it launches asynchronously; None before its runs
+    have shown them, if it must not launch, or if it is too short to (Note [Programs too short to launch])."""
     entry = _LAYOUTS.get(id(program))
-    return entry[1] if entry is not None and entry[0] is program else None
+    if entry is None or entry[0] is not program or entry[1] is None:
+        return None
+    minimum = config.async_min_run_us
+    if minimum > 0 and (entry[2] < 2 or entry[3] < minimum * 1e-6):
+        return None
+    return entry[1]
 
 
-def remember_layout(program: Any, outs: Sequence[torch.Tensor], order: Sequence[Any]) -> None:
+def remember_layout(program: Any, outs: Sequence[torch.Tensor], order: Sequence[Any], seconds: float = 0.0) -> None:
     """After a synchronous run: the strides of ``program``'s outputs, unless the graph (``order``, its nodes) holds
     a seeded op. Note [Seeded ops run on the calling thread]: a seeded op (lazy/ir/ops.py) seeds the default
     generator of the backing device for its run and restores it; on the worker that would race with the recorder
     and the user's own code drawing from the same generator (their draws would be lost or repeated), so such a
     graph runs where the recorder runs. Attention without dropout and dropout outside training draw nothing and
     are recorded unseeded (Note [Random ops that draw nothing] in lazy/trace/schema.py): their graphs launch."""
-    if id(program) not in _LAYOUTS:
+    entry = _LAYOUTS.get(id(program))
+    if entry is None or entry[0] is not program:
         seeded = any(n.op in SEEDED_OPS for n in order)
-        _LAYOUTS[id(program)] = (program, None if seeded else tuple(tuple(o.stride()) for o in outs))
+        _LAYOUTS[id(program)] = [program, None if seeded else tuple(tuple(o.stride()) for o in outs), 1, seconds]
+    else:  # Note [Programs too short to launch]
+        entry[2] += 1
+        entry[3] = min(entry[3], seconds)
 
 
 def forget_layouts() -> None:
