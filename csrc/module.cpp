@@ -104,6 +104,7 @@ PyMethodDef methods[] = {
      "a run queued on the launch thread (csrc/native_launch.cpp)."},
     {"native_done", lazy::native_done, METH_O, "native_done(job) -> whether the launch thread has run it."},
     {"native_wait", lazy::native_wait, METH_O, "native_wait(job): wait (without the GIL) until it has run."},
+    {"native_threads", lazy::native_threads, METH_O, "native_threads(job) -> the threads it ran with (0: not yet)."},
     {"native_finish", FASTCALL(lazy::native_finish), METH_FASTCALL,
      "native_finish(job, wanted) -> (error bits, [(id, tensor)]) or None (not run: an earlier job failed)."},
     {"run_program", FASTCALL(lazy::run_program), METH_FASTCALL,

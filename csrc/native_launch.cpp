@@ -18,6 +18,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -43,7 +44,9 @@ struct Job {
   std::vector<int64_t> is;
   uintptr_t lo = 0, hi = 0;
   long long epoch = 0;
-  int threads = 1;
+  int threads = 1;      // OpenMP/MKL threads beside the recorder (Note [Thread budget of the worker])
+  int threads_all = 1;  // and while the calling thread waits
+  int used_threads = 0;  // what it ran with
   std::vector<std::pair<int64_t, std::pair<std::shared_ptr<Job>, int64_t>>> forwards;  // bid <- (job, its bid)
   std::vector<at::Tensor> graveyard;  // buffers the run freed, and memory its pointers reach: dropped with the job
   // results, written by the thread before ``done``
@@ -62,6 +65,7 @@ std::condition_variable& g_work = *new std::condition_variable();  // a job was 
 std::condition_variable& g_done = *new std::condition_variable();  // a job is done
 std::deque<std::shared_ptr<Job>>* g_queue = nullptr;
 long long g_failed_epoch = -1;  // under g_mutex
+std::atomic<int> g_waiting{0};  // calling threads blocked on a job: a job started meanwhile gets all its threads
 pid_t g_pid = 0;
 void (*g_omp_set)(int) = nullptr;
 void (*g_mkl_set)(int) = nullptr;
@@ -95,11 +99,13 @@ void serve(std::deque<std::shared_ptr<Job>>* queue) {
         j.ptrs[bid] = j.vals[bid].data_ptr();
       }
       if (!j.poisoned) {
-        if (j.threads != threads) {  // Note [Thread budget of the worker] in lazy/sync/launch.py
-          if (g_omp_set != nullptr) g_omp_set(j.threads);
-          if (g_mkl_set != nullptr) g_mkl_set(j.threads);
-          threads = j.threads;
+        const int want = g_waiting.load() > 0 ? j.threads_all : j.threads;
+        if (want != threads) {  // Note [Thread budget of the worker] in lazy/sync/launch.py
+          if (g_omp_set != nullptr) g_omp_set(want);
+          if (g_mkl_set != nullptr) g_mkl_set(want);
+          threads = want;
         }
+        j.used_threads = want;
         j.err = execute_guarded(*j.runner, j.vals, j.ptrs.data(), j.fs.data(), j.is.data(), j.lo, j.hi,
                                 &j.graveyard, &j.failure);
         j.failed = j.failure.type != nullptr || j.err != 0;
@@ -133,7 +139,11 @@ void wait_done(Job& j) {
   Py_BEGIN_ALLOW_THREADS
   {
     std::unique_lock<std::mutex> lock(g_mutex);
-    g_done.wait(lock, [&] { return j.done; });
+    if (!j.done) {
+      ++g_waiting;
+      g_done.wait(lock, [&] { return j.done; });
+      --g_waiting;
+    }
   }
   Py_END_ALLOW_THREADS
 }
@@ -179,9 +189,15 @@ PyObject* native_submit(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   job->lo = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[7]));
   job->hi = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[8]));
   job->epoch = PyLong_AsLongLong(args[9]);
-  job->threads = static_cast<int>(PyLong_AsLong(args[10]));
+  if (PyTuple_Check(args[10]) && PyTuple_GET_SIZE(args[10]) == 2) {  // (beside the recorder, while it waits)
+    job->threads = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(args[10], 0)));
+    job->threads_all = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(args[10], 1)));
+  } else {
+    job->threads = job->threads_all = static_cast<int>(PyLong_AsLong(args[10]));
+  }
   if (PyErr_Occurred()) return nullptr;
-  if (ptrs == nullptr || fs == nullptr || is == nullptr || nscalars < 1 || job->threads < 1) {
+  if (ptrs == nullptr || fs == nullptr || is == nullptr || nscalars < 1 || job->threads < 1 ||
+      job->threads_all < 1) {
     PyErr_SetString(PyExc_ValueError, "native_submit: bad arrays or counts");
     return nullptr;
   }
@@ -227,6 +243,13 @@ PyObject* native_done(PyObject*, PyObject* capsule) {
   if (job == nullptr) return nullptr;
   std::lock_guard<std::mutex> lock(g_mutex);
   return Py_NewRef((*job)->done ? Py_True : Py_False);
+}
+
+PyObject* native_threads(PyObject*, PyObject* capsule) {
+  auto* job = job_of(capsule);
+  if (job == nullptr) return nullptr;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return PyLong_FromLong((*job)->done ? (*job)->used_threads : 0);
 }
 
 PyObject* native_wait(PyObject*, PyObject* capsule) {

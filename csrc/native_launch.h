@@ -17,9 +17,12 @@ PyObject* native_configure(PyObject* self, PyObject* const* args, Py_ssize_t nar
 // buffer when this one starts; ``arena`` (or None), the memory the pointers reach, is held as long as the job.
 PyObject* native_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
-// native_done(job) -> bool; native_wait(job): until it is done (the GIL released).
+// native_done(job) -> bool; native_wait(job): until it is done (the GIL released); native_threads(job) -> the
+// OpenMP/MKL threads it ran with (0 until done). ``threads`` of native_submit is a count, or (count beside the
+// recorder, count for a job that starts while the calling thread waits).
 PyObject* native_done(PyObject* self, PyObject* job);
 PyObject* native_wait(PyObject* self, PyObject* job);
+PyObject* native_threads(PyObject* self, PyObject* job);
 
 // native_finish(job, wanted) -> (error bits, results) as run_program returns them, None where the job did not run
 // (an earlier job of its epoch failed); raises the error an ATen call raised. Waits for the job first.

@@ -147,6 +147,37 @@ def test_a_job_queued_behind_a_failed_one_of_its_epoch_does_not_run():
     torch.testing.assert_close(y.cpu(), table[[2, 3]] + 1)
 
 
+@pytest.mark.skipif(lazy.config.backing_device.startswith("cuda"), reason="the C launch thread runs cpu programs")
+def test_a_job_that_starts_while_the_caller_waits_gets_all_its_threads():
+    """Note [Thread budget of the worker] on the C launch thread: a job that starts while the calling thread records
+    runs on the budget; one that starts while the calling thread is blocked on it gets the caller's count."""
+    from lazy import _C
+
+    seen = []
+    a = torch.randn(768, 768)  # ~20 ms of matmuls on one thread
+    with lazy.config.override(compiler="cpp", async_execution=False):
+        y = (a.to(L) @ a.to(L)).sin() @ a.to(L)
+        lazy.mark_step()
+        program = graph_cache.latest()
+        run = program.run
+        program.run = lambda leaves, scalars: seen.append((list(leaves), scalars)) or run(leaves, scalars)
+        try:
+            y = (a.to(L) @ a.to(L)).sin() @ a.to(L)
+            lazy.mark_step()
+        finally:
+            del program.run
+    leaves, scalars = seen[0]
+    epoch = launch._S.epoch
+    program.finish(program.submit(leaves, [], scalars, epoch, (1, 2)))  # the launch thread is up
+    first = program.submit(leaves, [], scalars, epoch, (1, 2))
+    time.sleep(0.005)  # the first has started, the calling thread not yet waiting
+    second = program.submit(leaves, [], scalars, epoch, (1, 2))
+    program.finish(second)  # blocked on the second before it starts
+    program.finish(first)
+    assert (_C.native_threads(first[0]), _C.native_threads(second[0])) == (1, 2)
+    torch.testing.assert_close(y.cpu(), (a @ a).sin() @ a, rtol=1e-4, atol=1e-3)
+
+
 def test_programs_shorter_than_the_launch_minimum_run_in_place():
     """Note [Programs too short to launch]: a program launches once two synchronous runs have shown it takes at
     least async_min_run_us; a shorter one keeps running on the calling thread."""

@@ -87,7 +87,8 @@ _LAYOUTS: "Dict[int, list]" = {}
 # program the caller reads at once has usually started on the budget before the caller waits: reductions.py's
 # softmax step at 4096x1024 took 4.3 ms launched against 3.1 ms in place at 2 threads.
 # ``async_threads`` sets another budget. A runtime not found in torch/lib is left alone. The C launch thread (Note
-# [Launches on a C thread]) runs every job on the budget: it sets its own counts through the same setters.
+# [Launches on a C thread]) follows the same rule through the same setters: a job that starts while a calling thread
+# is blocked on a job gets all of the caller's threads.
 # NOTE: MKL's C entry point takes the count by value; its lower-case name is the Fortran one (a pointer).
 _THREAD_CONTROL: Optional[tuple] = None  # (omp_set_num_threads or None, MKL_Set_Num_Threads_Local or None)
 
@@ -269,7 +270,7 @@ def _submit(ex: Execution, program: Any, leaves: Sequence[torch.Tensor], scalars
         if src is not None and src.job is not None:
             k = next(k for k, q in enumerate(src.outputs) if q is t)
             forwards.append((bid, src.job[0], src.out_bids[k]))
-    ex.job = program.submit(leaves, forwards, scalars, ex.epoch, ex.threads[0])
+    ex.job = program.submit(leaves, forwards, scalars, ex.epoch, ex.threads)
     ex.out_bids = program.output_ids
     ex.leaves = ex.scalars = None
 
