@@ -319,12 +319,18 @@ bool plain_lazy_attrs(PyTypeObject* tp) {
   return true;
 }
 
+// The tensor's requires_grad (from its TensorImpl) is the signature's: 1, 0, or -1.
+int requires_grad_matches(PyObject* t, PyObject* expected) {
+  int requires_grad = tensor_requires_grad(t);
+  if (requires_grad < 0) return -1;
+  return (requires_grad ? Py_True : Py_False) == PyTuple_GET_ITEM(expected, 2);
+}
+
 // ("lazy", desc, requires_grad, chained, numel) == expected, read field by field without building the tuple.
 int read_lazy_signature(PyObject* t, PyObject* expected, PyObject** storage) {
   if (attr_equal(t, s_lz_desc, PyTuple_GET_ITEM(expected, 1)) != 1) return 0;
-  int requires_grad = tensor_requires_grad(t);
-  if (requires_grad < 0) return -1;
-  if ((requires_grad ? Py_True : Py_False) != PyTuple_GET_ITEM(expected, 2)) return 0;
+  int grad = requires_grad_matches(t, expected);
+  if (grad != 1) return grad;
   PyObject* chain = PyObject_GetAttr(t, s_lz_chain);
   if (chain == nullptr) return -1;
   bool chained = chain != Py_None;
@@ -355,10 +361,8 @@ int lazy_tensor_matches(PyObject* t, PyObject* expected, PyTypeObject* lazy_type
     touch(dict);
     touch(memo->storage);
     Py_DECREF(dict);
-    int requires_grad = tensor_requires_grad(t);
-    if (requires_grad < 0) return -1;
-    if ((requires_grad ? Py_True : Py_False) != PyTuple_GET_ITEM(expected, 2)) return 0;
-    return numel_matches(memo->storage, PyTuple_GET_ITEM(expected, 4));
+    int grad = requires_grad_matches(t, expected);
+    return grad != 1 ? grad : numel_matches(memo->storage, PyTuple_GET_ITEM(expected, 4));
   }
   const uint64_t version = dict != nullptr ? dict_version(dict) : 0;
   PyObject* st = nullptr;
@@ -375,8 +379,7 @@ int lazy_tensor_matches(PyObject* t, PyObject* expected, PyTypeObject* lazy_type
 }
 
 // ("host", shape, stride, offset, dtype, device, requires_grad) == expected for a tensor that is not lazy.
-int host_tensor(PyObject* t, PyObject* how, PyObject* expected, PyTypeObject* lazy_type) {
-  PyObject* e = expected;
+int host_tensor(PyObject* t, PyObject* how, PyObject* e, PyTypeObject* lazy_type) {
   if (PyObject_TypeCheck(t, lazy_type)) return 0;  // its signature is a "lazy" one
   PyObject* dtype = PyObject_GetAttr(t, s_dtype);
   if (dtype == nullptr) {

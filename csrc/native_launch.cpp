@@ -28,7 +28,6 @@
 #include <utility>
 #include <vector>
 
-#include "alias.h"
 #include "runner.h"
 
 namespace lazy {
@@ -207,9 +206,9 @@ PyObject* native_submit(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   job->vals.resize(n);
   if (!set_values(*r, args[5], job->vals)) return nullptr;
   if (args[11] != Py_None) {  // the arena its pointers reach: alive until the job is dropped
-    c10::TensorImpl* impl = tensor_impl(args[11]);
-    if (impl == nullptr) return nullptr;
-    job->graveyard.emplace_back(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl));
+    at::Tensor arena = tensor_of(args[11]);
+    if (!arena.defined()) return nullptr;
+    job->graveyard.push_back(std::move(arena));
   }
   for (Py_ssize_t k = 0; k < PyList_GET_SIZE(args[6]); ++k) {
     PyObject* f = PyList_GET_ITEM(args[6], k);
@@ -287,9 +286,9 @@ PyObject* placeholders(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (out == nullptr) return nullptr;
   for (Py_ssize_t k = 0; k < PyList_GET_SIZE(specs); ++k) {
     PyObject* spec = PyList_GET_ITEM(specs, k);
-    c10::TensorImpl* like = PyTuple_Check(spec) && PyTuple_GET_SIZE(spec) == 3 ? tensor_impl(PyTuple_GET_ITEM(spec, 0))
-                                                                              : nullptr;
-    if (like == nullptr) {
+    at::Tensor like = PyTuple_Check(spec) && PyTuple_GET_SIZE(spec) == 3 ? tensor_of(PyTuple_GET_ITEM(spec, 0))
+                                                                        : at::Tensor();
+    if (!like.defined()) {
       if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "placeholders: a bad spec");
       Py_DECREF(out);
       return nullptr;
@@ -309,8 +308,7 @@ PyObject* placeholders(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     }
     PyObject* t = nullptr;
     try {
-      at::Tensor base(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(like));
-      at::Tensor p = base.new_empty({0});
+      at::Tensor p = like.new_empty({0});
       p.set_(p.storage(), 0, shape, stride);
       t = wrap(p);
     } catch (const std::exception& e) {
@@ -334,19 +332,17 @@ PyObject* adopt_outputs(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   PyObject* rest = PyList_New(0);
   if (rest == nullptr) return nullptr;
   for (Py_ssize_t k = 0; k < PyList_GET_SIZE(args[0]); ++k) {
-    c10::TensorImpl* p = tensor_impl(PyList_GET_ITEM(args[0], k));
-    c10::TensorImpl* o = tensor_impl(PyList_GET_ITEM(args[1], k));
-    if (p == nullptr || o == nullptr) {
+    at::Tensor p = tensor_of(PyList_GET_ITEM(args[0], k));
+    at::Tensor o = p.defined() ? tensor_of(PyList_GET_ITEM(args[1], k)) : at::Tensor();
+    if (!o.defined()) {
       Py_DECREF(rest);
       return nullptr;
     }
-    bool same = p->dtype() == o->dtype() && p->sizes().equals(o->sizes()) && p->strides().equals(o->strides()) &&
-                p->device_type() == o->device_type();
+    bool same = p.dtype() == o.dtype() && p.sizes().equals(o.sizes()) && p.strides().equals(o.strides()) &&
+                p.device().type() == o.device().type();
     if (same) {
       try {
-        at::Tensor pt(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(p));
-        at::Tensor ot(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(o));
-        pt.set_(ot);
+        p.set_(o);
       } catch (const std::exception&) {
         same = false;  // left to Python, which raises what ATen raises
       }

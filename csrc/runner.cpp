@@ -211,8 +211,6 @@ at::Tensor settle(const at::Tensor& t, const Out& out) {
   return placed;
 }
 
-
-
 // Runs the steps; returns the error bits of the first segment that reported any (0: none). Throws on ATen errors.
 // With ``graveyard``, a freed buffer moves there instead of being dropped (its last reference is then dropped where
 // the caller holds the GIL: Note [Launches on a C thread] in native_launch.cpp).
@@ -277,7 +275,6 @@ int execute(const Runner& r, std::vector<at::Tensor>& vals, void** ptrs, const d
   return 0;
 }
 
-
 }  // namespace
 
 PyObject* make_runner(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -319,6 +316,12 @@ PyObject* wrap(const at::Tensor& t) {
   return out;
 }
 
+at::Tensor tensor_of(PyObject* tensor) {
+  c10::TensorImpl* impl = tensor_impl(tensor);
+  if (impl == nullptr) return at::Tensor();
+  return at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl));
+}
+
 Runner* runner_of(PyObject* capsule) { return static_cast<Runner*>(PyCapsule_GetPointer(capsule, kCapsule)); }
 
 int64_t runner_buffers(const Runner& r) { return r.num_buffers; }
@@ -328,12 +331,12 @@ bool set_values(const Runner& r, PyObject* values, std::vector<at::Tensor>& vals
     PyObject* pair = PyList_GET_ITEM(values, i);
     int64_t bid = PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2 ? PyLong_AsLongLong(PyTuple_GET_ITEM(pair, 0))
                                                                       : -1;
-    c10::TensorImpl* impl = bid >= 0 ? tensor_impl(PyTuple_GET_ITEM(pair, 1)) : nullptr;
-    if (impl == nullptr || bid < 0 || bid >= r.num_buffers) {
+    at::Tensor t = bid >= 0 ? tensor_of(PyTuple_GET_ITEM(pair, 1)) : at::Tensor();
+    if (!t.defined() || bid >= r.num_buffers) {
       if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "lazy runner: a bad (buffer, tensor) pair");
       return false;
     }
-    vals[bid] = at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl));
+    vals[bid] = std::move(t);
   }
   return true;
 }

@@ -34,6 +34,9 @@ PyObject* raise_failure(const Failure& failure);
 PyObject* results_of(const Runner& r, const std::vector<at::Tensor>& vals, PyObject* wanted);
 // A Python tensor of ``t`` (torch._C._wrap_tensor_impl); NULL with an error set.
 PyObject* wrap(const at::Tensor& t);
+// The at::Tensor of a Python tensor (a new reference to its TensorImpl); undefined with an error set where it is
+// not one.
+at::Tensor tensor_of(PyObject* tensor);
 
 // make_runner(steps, num_buffers, include_raw, exclude_raw) -> capsule: the plan of a program whose externs are all
 // ATen operators called with flat arguments (lazy/runtime/cpp_native.py builds ``steps``; the raw dispatch key sets

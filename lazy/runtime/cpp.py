@@ -148,23 +148,19 @@ class Program:
         if not self.keep_arena:
             in_arena = [b for b in in_arena if b.id not in extern_read]
             self.arena_bytes, offsets = layout(in_arena, defined, sched.last_use)
-        self._arena = torch.empty(self.arena_bytes, dtype=torch.uint8) if self.keep_arena else None
         self._busy = False
         self.arena_slots = [(b.id, offsets[b.id]) for b in in_arena if b.id not in extern_read]
         self.arena_views = [(b.id, offsets[b.id], b.shape, b.dtype) for b in in_arena if b.id in extern_read]
-        self._ptrs = (ctypes.c_void_p * max(self.num_buffers, 1))()
         self._values: List[Any] = [None] * self.num_buffers
         # (the last scalars tuple, its float and int arrays, their addresses, whether it holds numbers only): Note
         # [Segment calls in C] in csrc/graph.cpp
         self._packed: Tuple[Any, ...] = (None, None, None, 0, 0, False)
         if self.keep_arena:
-            base = self._arena.data_ptr()
-            for bid, off in self.arena_slots:
-                self._ptrs[bid] = base + off
-            for bid, off, shape, dtype in self.arena_views:
-                t = arena_view(self._arena, off, shape, dtype)
+            self._arena, self._ptrs, views = self._new_arena()
+            for bid, t in views:
                 self._values[bid] = t
-                self._ptrs[bid] = t.data_ptr()
+        else:
+            self._arena, self._ptrs = None, (ctypes.c_void_p * max(self.num_buffers, 1))()
         kept = {bid for bid, _ in self.arena_slots} | ({v[0] for v in self.arena_views} if self.keep_arena else set())
         self._transient = [i for i in range(self.num_buffers) if i not in kept]
         seg_of = {id(seg[0]): i for i, seg in enumerate(segments)}
@@ -242,18 +238,27 @@ class Program:
                 self._values[i] = None
             self._busy = False
 
-    def _run_fresh(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any]) -> List[torch.Tensor]:
+    def _new_arena(self) -> tuple:
+        """(arena, pointer array, arena views): a new arena, its temporaries' addresses set in the array, and, where
+        the arena is kept, the (buffer id, view) of each temporary an extern reads as a tensor."""
         arena = torch.empty(self.arena_bytes, dtype=torch.uint8)
         ptrs = (ctypes.c_void_p * max(self.num_buffers, 1))()
-        values: List[Any] = [None] * self.num_buffers
         base = arena.data_ptr()
         for bid, off in self.arena_slots:
             ptrs[bid] = base + off
+        views = []
         if self.keep_arena:
             for bid, off, shape, dtype in self.arena_views:
                 t = arena_view(arena, off, shape, dtype)
-                values[bid] = t
+                views.append((bid, t))
                 ptrs[bid] = t.data_ptr()
+        return arena, ptrs, views
+
+    def _run_fresh(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any]) -> List[torch.Tensor]:
+        arena, ptrs, views = self._new_arena()
+        values: List[Any] = [None] * self.num_buffers
+        for bid, t in views:
+            values[bid] = t
         return self._run(values, ptrs, arena, leaves, scalars)
 
     # ---- launched on the C thread (Note [Launches on a C thread] in csrc/native_launch.cpp) ----
@@ -282,11 +287,7 @@ class Program:
         fs, is_ = (ctypes.c_double * n)(), (ctypes.c_int64 * n)()
         _C.pack_scalars(scalars, fs, is_)
         address = ctypes.addressof(ptrs)
-        spares = BUDGET.admit(self)
-        reused = 0
-        for step in self.steps:
-            if step[0] is _SEGMENT and step[3]:
-                reused += _C.take_buffers(step[3], spares, values, address, pages.empty)
+        reused = self._take_outputs(values, address, BUDGET.admit(self))
         pairs = [(i, t) for i, t in enumerate(values) if t is not None and i not in forwarded]
         check_alias = bool(self.arena_views) and self.keep_arena
         job = _C.native_submit(self._native, address, ctypes.addressof(fs), ctypes.addressof(is_), n, pairs,
@@ -302,18 +303,7 @@ class Program:
         sets = self.__dict__.setdefault("_launch_sets", [None, None])
         turn = self.__dict__["_launch_turn"] = 1 - self.__dict__.get("_launch_turn", 1)
         if sets[turn] is None or not self.keep_arena:
-            arena = torch.empty(self.arena_bytes, dtype=torch.uint8)
-            ptrs = (ctypes.c_void_p * max(self.num_buffers, 1))()
-            base = arena.data_ptr()
-            for bid, off in self.arena_slots:
-                ptrs[bid] = base + off
-            views = []
-            if self.keep_arena:
-                for bid, off, shape, dtype in self.arena_views:
-                    t = arena_view(arena, off, shape, dtype)
-                    views.append((bid, t))
-                    ptrs[bid] = t.data_ptr()
-            sets[turn] = (arena, ptrs, views)
+            sets[turn] = self._new_arena()
         return sets[turn]
 
     def finish(self, submitted: tuple) -> Any:
@@ -324,6 +314,15 @@ class Program:
         if answer is None:
             return None
         return self._settle_native(answer, values, reused)
+
+    def _take_outputs(self, values: List[Any], address: int, spares: Any) -> int:
+        """Every segment's outputs, taken before a run in C (their shapes are fixed): spares nothing references, else
+        fresh buffers, into ``values`` and the pointer array at ``address``; how many were spares."""
+        reused = 0
+        for step in self.steps:
+            if step[0] is _SEGMENT and step[3]:
+                reused += _C.take_buffers(step[3], spares, values, address, pages.empty)
+        return reused
 
     def _settle_native(self, answer: tuple, values: List[Any], reused: int) -> List[torch.Tensor]:
         """The outputs of a run in C: its error bits raised, the extern results it made put in place."""
@@ -340,10 +339,7 @@ class Program:
                     hi: int) -> List[torch.Tensor]:
         """The run in C (Note [Programs run in C]): every segment's outputs taken first (their shapes are fixed),
         then one call without the GIL."""
-        reused = 0
-        for step in self.steps:
-            if step[0] is _SEGMENT and step[3]:
-                reused += _C.take_buffers(step[3], spares, values, address, pages.empty)
+        reused = self._take_outputs(values, address, spares)
         pairs = [(i, t) for i, t in enumerate(values) if t is not None]
         answer = _C.run_program(self._native, address, fs_at, is_at, pairs, lo, hi, self._wanted)
         return self._settle_native(answer, values, reused)
