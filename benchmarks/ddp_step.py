@@ -12,7 +12,8 @@ the gradients: inside the step's graph on lazy), AdamW, and a sync (lazy: ``lazy
 lazy with forward, backward, optimizer step and zero_grad in one ``lazy.compile``d function (captured at its third
 call, after the optimizer's first step and DDP's bucket rebuild; replayed from then on, collectives included);
 ``capture-ro`` (on cuda) is the same under ``mode="reduce-overhead"``: with 1 rank the step replays as one CUDA
-graph; with 2 it runs as ``capture`` does (Note [Collectives in a CUDA graph] in lazy/runtime/cuda_graph.py). Time
+graph; with 2 as CUDA graphs between which its all-reduces are launched (Note [Collectives in a CUDA graph] in
+lazy/runtime/cuda_graph.py). ``--backends`` picks some of them. Time
 per step is the median (and the fastest: "best ms") over --steps steps after --warmup steps on rank 0; "cpu ms" is
 the median CPU time of rank 0's process per step (its threads together: on a shared machine it moves less than the
 wall time with other work). Samples/s = ranks x batch / step time; scaling is
@@ -114,7 +115,12 @@ def launch(backend: str, world: int, args: argparse.Namespace) -> dict:
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", backend] + flags,
                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(world)]
-    outs = [p.communicate() for p in procs]
+    try:
+        outs = [p.communicate(timeout=args.timeout) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        raise RuntimeError(f"{backend} x{world}: no result within {args.timeout} s") from None
     for p, (out, err) in zip(procs, outs):
         if p.returncode != 0:
             raise RuntimeError(f"{backend} x{world} failed:\n{err[-3000:]}")
@@ -133,6 +139,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda: one GPU per rank, NCCL")
+    parser.add_argument("--backends", help="a comma-separated subset of eager,lazy,capture,capture-ro,compile")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds a run of one backend may take")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -146,7 +154,11 @@ def main() -> None:
           f"{args.steps} steps after {args.warmup}")
     backends = ["eager", "lazy", "capture"] + (["capture-ro"] if args.device == "cuda" else []) + \
         ([] if args.no_compile else ["compile"])
-    del args.no_compile
+    if args.backends:
+        backends = [b for b in args.backends.split(",") if b]
+        if "eager" not in backends:
+            backends.insert(0, "eager")  # the ratios' reference
+    del args.no_compile, args.backends
     results = {(b, w): launch(b, w, args) for w in (1, 2) for b in backends}
     print(f"{'backend':<11}{'ranks':>6}{'step ms':>10}{'best ms':>9}{'cpu ms':>8}{'samples/s':>11}{'vs eager':>10}"
           f"{'first ms':>10}{'loss':>9}")

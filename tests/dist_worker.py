@@ -115,7 +115,8 @@ def check_training(kind: str, opt_name: str, how: str) -> torch.nn.Module:
     return model
 
 
-def ddp_steps(kind: str, opt_name: str, device: str, steps: int, compiled: bool, **ddp_options) -> tuple:
+def ddp_steps(kind: str, opt_name: str, device: str, steps: int, compiled: bool, mode: str = "default",
+              **ddp_options) -> tuple:
     """``steps`` DDP training steps on this rank's shard of each batch, on ``device``; with ``compiled`` the step
     (forward, backward, optimizer step, zero_grad) is a ``lazy.compile``d function. This rank's losses and final
     parameters."""
@@ -131,7 +132,7 @@ def ddp_steps(kind: str, opt_name: str, device: str, steps: int, compiled: bool,
         return loss.detach()
 
     if compiled:
-        step = lazy.compile(step)
+        step = lazy.compile(step, mode=mode)
     losses = []
     for i in range(steps):
         x, y = batch(kind, i, size=4 * WORLD)
@@ -142,7 +143,7 @@ def ddp_steps(kind: str, opt_name: str, device: str, steps: int, compiled: bool,
     return losses, {k: v.cpu() for k, v in model.state_dict().items()}, step
 
 
-def check_captured_ddp(kind: str, opt_name: str, **ddp_options) -> None:
+def check_captured_ddp(kind: str, opt_name: str, mode: str = "default", **ddp_options) -> None:
     """Captured DDP steps (lazy.compile) equal eager DDP's, step for step: the replays run the gradient all-reduces.
     The first two calls run plainly (the optimizer creates its state; DDP rebuilds its buckets: Note [DDP's bucket
     rebuild breaks once] in lazy/capture/method_models.py, unless it looks for unused parameters, then it never
@@ -150,7 +151,8 @@ def check_captured_ddp(kind: str, opt_name: str, **ddp_options) -> None:
     steps = 6
     want_losses, want_state, _ = ddp_steps(kind, opt_name, "cpu", steps, compiled=False, **ddp_options)
     replays = metrics.counter("capture.replays")
-    got_losses, got_state, step = ddp_steps(kind, opt_name, "lazy", steps, compiled=True, **ddp_options)
+    got_losses, got_state, step = ddp_steps(kind, opt_name, "lazy", steps, compiled=True, mode=mode,
+                                            **ddp_options)
     plain = 1 if ddp_options.get("find_unused_parameters") else 2
     assert metrics.counter("capture.replays") - replays == steps - plain - 1, lazy.explain(step)
     torch.testing.assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=1e-4, atol=1e-5)
@@ -161,7 +163,7 @@ def check_captured_ddp(kind: str, opt_name: str, **ddp_options) -> None:
             torch.testing.assert_close(got[free[name]], want[free[name]], rtol=0, atol=0.01 * steps)
             got[free[name]] = want[free[name]]
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
-    passed(" ".join(["captured ddp", kind, opt_name] + sorted(ddp_options)))
+    passed(" ".join(["captured ddp", kind, opt_name] + sorted(ddp_options) + ([mode] if mode != "default" else [])))
 
 
 def check_collectives() -> None:
@@ -219,6 +221,22 @@ def scenario_train() -> None:
 def scenario_capture() -> None:
     init()
     check_captured_ddp("mlp", "adamw")
+    dist.destroy_process_group()
+
+
+def scenario_graphed() -> None:
+    """Note [Collectives in a CUDA graph]: on cuda, a captured step and a cached mark_step program replay as graphed
+    pieces with their all-reduces launched between them (on the cpu, the same training without graphs)."""
+    init()
+    cuda = lazy.config.backing_device.startswith("cuda")
+    with lazy.config.override(compiler="triton" if cuda else lazy.config.compiler):  # kernels at the first run
+        for check in (lambda: check_captured_ddp("mlp", "adamw", mode="reduce-overhead"),
+                      lambda: check_training("mlp", "adamw", "ddp")):
+            pieces, replays = metrics.counter("cuda_graph.pieces"), metrics.counter("cuda_graph.replays")
+            check()
+            if cuda:
+                assert metrics.counter("cuda_graph.pieces") - pieces >= 2, metrics.counter("cuda_graph.pieces")
+                assert metrics.counter("cuda_graph.replays") > replays
     dist.destroy_process_group()
 
 

@@ -178,8 +178,7 @@ def test_random_ops_run_without_a_graph():
 
 
 def test_which_programs_a_graph_can_replay():
-    """Random ops keep a program off CUDA graphs, collectives a cached mark_step program (a captured step's may be
-    graphed: Note [Collectives in a CUDA graph]); attention that draws nothing does not."""
+    """Random ops keep a program off CUDA graphs; attention that draws nothing and collectives do not."""
     from types import SimpleNamespace
 
     from lazy.runtime.cuda_graph import ungraphable
@@ -189,23 +188,26 @@ def test_which_programs_a_graph_can_replay():
 
     assert ungraphable(program("aten.mm.default", "unseeded[aten._scaled_dot_product_efficient_attention]")) is None
     assert "seeded[aten.native_dropout" in ungraphable(program("aten.mm.default", "seeded[aten.native_dropout]"))
-    assert "c10d_all_reduce" in ungraphable(program("lazy.c10d_all_reduce"))
-    assert ungraphable(program("aten.mm.default", "lazy.c10d_all_reduce"), collectives=True) is None
-    assert "seeded[" in ungraphable(program("lazy.c10d_all_reduce", "seeded[aten.native_dropout]"), collectives=True)
+    assert ungraphable(program("aten.mm.default", "lazy.c10d_all_reduce")) is None
+    assert "seeded[" in ungraphable(program("lazy.c10d_all_reduce", "seeded[aten.native_dropout]"))
 
 
-def test_collectives_are_graphed_for_a_captured_step_on_one_rank_only(monkeypatch):
-    """Note [Collectives in a CUDA graph]: over one rank a captured step's collectives stay in its graph; over more
-    ranks, and in a cached mark_step program, they keep it off graphs."""
+@pytest.mark.parametrize("optional", [False, True])
+def test_collectives_stay_in_the_graph_over_one_rank_only(monkeypatch, optional):
+    """Note [Collectives in a CUDA graph]: over one rank a program's collectives stay in its graph; over more ranks
+    the graph stops at each of them (pieces), for a captured step's program and a cached mark_step program alike."""
     from types import SimpleNamespace
 
     from lazy.runtime import cuda_graph
 
     program = SimpleNamespace(externs_by_op={"aten.mm.default": 1, "lazy.c10d_all_reduce": 1}, device=None)
-    assert cuda_graph.GraphedProgram(program, {}, set(), []).disabled is None
-    assert "c10d_all_reduce" in cuda_graph.GraphedProgram(program, {}, set(), [], optional=True).disabled
+    plain = SimpleNamespace(externs_by_op={"aten.mm.default": 1}, device=None)
+    one = cuda_graph.GraphedProgram(program, {}, set(), [], optional=optional)
+    assert one.disabled is None and not one.between
     monkeypatch.setattr(cuda_graph, "_ranks", lambda: 2)
-    assert "c10d_all_reduce" in cuda_graph.GraphedProgram(program, {}, set(), []).disabled
+    two = cuda_graph.GraphedProgram(program, {}, set(), [], optional=optional)
+    assert two.disabled is None and two.between
+    assert not cuda_graph.GraphedProgram(plain, {}, set(), [], optional=optional).between
 
 
 def test_a_replay_overwrites_static_memory_only_when_nothing_else_reads_it():

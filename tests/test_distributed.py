@@ -170,12 +170,18 @@ def test_ddp_buckets_are_all_reduced_without_copies(one_rank, as_view):
         lazy.mark_step()
 
 
-def test_captured_ddp_step_under_reduce_overhead_trains_as_eager(one_rank):
-    """Note [Collectives in a CUDA graph]: over one rank, a DDP step under lazy.compile(mode="reduce-overhead")
-    replays with its collectives (on cuda as one CUDA graph) and trains as eager does."""
+@pytest.mark.parametrize("between", [False, True], ids=["in-graph", "between-pieces"])
+def test_captured_ddp_step_under_reduce_overhead_trains_as_eager(one_rank, monkeypatch, between):
+    """Note [Collectives in a CUDA graph]: a DDP step under lazy.compile(mode="reduce-overhead") replays with its
+    collectives and trains as eager does; on cuda over one rank as one CUDA graph, and (``between``, as over more
+    ranks) as graphed pieces with the all-reduce launched between them."""
     import copy
 
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from lazy.runtime import cuda_graph
+    if between:
+        monkeypatch.setattr(cuda_graph, "_ranks", lambda: 2)
     sys.path.insert(0, HERE)
     from models import MLP
     torch.manual_seed(0)
@@ -209,6 +215,7 @@ def test_captured_ddp_step_under_reduce_overhead_trains_as_eager(one_rank):
         assert metrics.counter("capture.replays") >= 2
         if cuda:
             assert metrics.counter("cuda_graph.replays") >= 1
+            assert (metrics.counter("cuda_graph.pieces") >= 2) == between
     finally:
         lazy.compile.reset()
 
@@ -307,6 +314,15 @@ def test_captured_ddp_steps_equal_eager_ddp(tmp_path):
     for rank, (code, out) in enumerate(launch("capture", tmp_path)):
         assert code == 0, f"rank {rank}:\n{out}"
         assert _passes(out) == {"captured ddp mlp adamw"}, out
+
+
+@needs_ranks
+def test_graphed_ddp_steps_equal_eager_ddp(tmp_path):
+    """Note [Collectives in a CUDA graph]: over two ranks (on cuda: graphed pieces with the all-reduces between
+    them), a captured step under mode="reduce-overhead" and a plain mark_step loop train as eager DDP does."""
+    for rank, (code, out) in enumerate(launch("graphed", tmp_path)):
+        assert code == 0, f"rank {rank}:\n{out}"
+        assert _passes(out) == {"captured ddp mlp adamw reduce-overhead", "ddp mlp adamw"}, out
 
 
 @pytest.mark.slow

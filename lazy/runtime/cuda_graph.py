@@ -22,24 +22,31 @@ arguments, which decides the rest:
   holds the data leaf that the last replay bound to the storage. Each leaf bound to static memory is remembered with
   its storage; a replay first checks, by reference count, that none is referenced beyond its storage, and where one
   is, runs the program without the graph instead (fresh outputs, nothing overwritten; ``cuda_graph.unsafe_runs``).
-- **Not graphed**: programs with random ops (their generators are made per run), programs with collectives over
-  more than one rank and cached ``mark_step`` programs with any (Note [Collectives in a CUDA graph]
-A data-parallel script run on one rank (DDP over a group of one) records its collectives like any other; over one
-rank they return their input and communicate nothing, so a captured step with them is replayed as a graph like any
-other (a 2-layer d=256 GPT DDP step on one H200: 3.24 ms launched from the host, 2.35 ms replayed). Over more
-ranks it is not. NCCL collectives can be captured (the process group enqueues them on its own stream, which the
-capture joins through events), but on the 2-GPU H200 machines this was measured on, a graph holding an NCCL
-all-reduce hangs at its first replay on both ranks: a captured DDP step, and PyTorch's own ``torch.cuda.graph``
-capture of one ``dist.all_reduce`` alike (with ``capture_error_mode`` thread_local or global, ``c10d`` or the
-functional collective, with NCCL's cuMem, P2P or SHM transports off, with c10d's async error handling off). Only
-``NCCL_GRAPH_MIXING_SUPPORT=0`` (NCCL's remedy for hangs when ranks launch graphs with NCCL kernels, correct only
-while a communicator never has an outstanding graph launch followed by an ungraphed one) made that capture replay
-correctly; a captured lazy DDP step graphed under it (its collectives on a communicator of their own, a wait for the
-last graphed replay before any ungraphed collective, no tiering so that every rank graphs at the same step) still
-did not finish in the one run made. So a program with collectives over more than one rank runs plainly, its
-all-reduce launched from the host, as do cached ``mark_step`` programs with collectives, whose kernels become
-ready at different steps on different ranks (tiered compilation). Random ops stay ungraphable everywhere: their
-generators are made per run.
+- **Not graphed**: programs with random ops (their generators are made per run). Random ops stay ungraphable
+  everywhere.
+
+Note [Collectives in a CUDA graph]
+A data-parallel step records its collectives like any other op (lazy/distributed/collectives.py). Over one rank they
+return their input and communicate nothing, and a captured step's graph holds them like any extern (a 2-layer d=256
+GPT DDP step on one H200: 3.24 ms launched from the host, 2.35 ms replayed). Over more ranks the graph stops at
+each collective: the program is captured as pieces, the kernels and externs between two collectives in one CUDA
+graph each (all pieces share one memory pool and are replayed in the order they were captured, as a pool shared
+between graphs requires), and a replay launches each collective from the host between the pieces, on the static
+buffers the piece before it wrote, its result copied into the static buffer the piece after it reads. Two reasons:
+- **NCCL in a graph hangs** on the 2-GPU H200 machines this was measured on: a graph holding an NCCL all-reduce
+  hangs at its first replay on both ranks, for a captured DDP step and for PyTorch's own ``torch.cuda.graph``
+  capture of one ``dist.all_reduce`` alike (torch 2.11, NCCL 2.28.9; with ``capture_error_mode`` thread_local or
+  global, the c10d or the functional collective, NCCL's cuMem, P2P or SHM transports off, c10d's async error
+  handling off). Only ``NCCL_GRAPH_MIXING_SUPPORT=0`` made that capture replay, a mode correct only while a
+  communicator never has an outstanding graph launch followed by an ungraphed one.
+- **Ranks need not agree when to graph.** A program is graphed at its second ready run, and a cached ``mark_step``
+  program becomes ready when its Triton kernels have compiled (tiered compilation), at different steps on different
+  ranks; a graph holding the collectives would have to be captured at the same step everywhere. With the
+  collectives between the pieces every run, graphed or not, launches the same collectives in the same order, and
+  capturing launches none: the warm-up run before the capture stands an empty tensor in for each collective's
+  result (the capture records, it runs nothing), and the first replay after it is the run that communicates.
+The price is a launch per collective from the host and a copy of its result (a DDP bucket, read and written once at
+the GPU's bandwidth); NCCL overlaps nothing more either way, since a replay's pieces are stream-ordered.
 
 Note [CUDA graphs for cached programs]
 A plain ``mark_step()`` loop runs the same cached program every step, and launching it from the host cost a GPT
@@ -63,6 +70,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import warnings
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
@@ -72,6 +80,8 @@ from ..config import config
 from ..debug import metrics
 from ..debug.log import log
 from ..ir.layout import non_overlapping_and_dense
+from .externs import run_extern
+from .triton import COLLECTIVE
 
 MAX_RECAPTURES = 8
 # Note [CUDA graphs for cached programs]: a cached program is graphed when it has at least GRAPH_MIN_STEPS kernel
@@ -79,7 +89,7 @@ MAX_RECAPTURES = 8
 # launched from the host costs ~10 us or more, in which the GPU copies ~10 MB at 1 TB/s (a third of an H100's).
 GRAPH_MIN_STEPS = 4
 COPY_BYTES_PER_STEP = 10 << 20
-_COLLECTIVE, _SEEDED = "c10d_", "seeded["  # collectives; random ops ("unseeded[" ones draw nothing)
+_SEEDED = "seeded["  # random ops ("unseeded[" ones draw nothing)
 
 
 def _externs(program: Any) -> List[str]:
@@ -93,14 +103,18 @@ def _ranks() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def ungraphable(program: Any, collectives: bool = False) -> Optional[str]:
-    """Why ``program`` cannot be replayed as a CUDA graph, or None; with ``collectives`` (one rank), a program that
-    runs collectives can be (Note [Collectives in a CUDA graph])."""
-    refused = (_SEEDED,) if collectives else (_SEEDED, _COLLECTIVE)
+def ungraphable(program: Any) -> Optional[str]:
+    """Why ``program`` cannot be replayed as a CUDA graph, or None."""
     for text in _externs(program):
-        if text.startswith(refused):
+        if text.startswith(_SEEDED):
             return f"it calls {text}"
     return None
+
+
+def graphed_between(program: Any) -> bool:
+    """Whether ``program``'s graph stops at its collectives, which a replay launches from the host between its
+    pieces: where they communicate, over more than one rank (Note [Collectives in a CUDA graph])."""
+    return _ranks() > 1 and any(text.startswith(COLLECTIVE) for text in _externs(program))
 
 
 class GraphedProgram:
@@ -132,7 +146,10 @@ class GraphedProgram:
         self.created_ptrs: Any = None
         device = getattr(program, "device", None)
         self.empty = lambda shape, dtype: torch.empty(shape, dtype=dtype, device=device)
-        self.disabled = ungraphable(program, collectives=not optional and _ranks() == 1)
+        self.disabled = ungraphable(program)
+        self.between = graphed_between(program)
+        # what a replay runs in turn: graphs, and (collective, its inputs, its static results) between them
+        self.pieces: List[Any] = []
         self.lock = threading.Lock()  # one run at a time (Note [CUDA graphs for cached programs])
 
     def __getattr__(self, name: str) -> Any:  # the program's description (num_kernels, source, ...)
@@ -191,10 +208,24 @@ class GraphedProgram:
             self.extern_values = values
         self._copy_inputs(leaves)
         program.load_scalars(scalars)
-        self.graph.replay()
+        self._replay(scalars)
         metrics.bump_many(("cuda_graph.replays", 1), ("executed_graphs", 1), ("executed_nodes", self.num_nodes),
                           ("kernels_launched", self.kernels))
         return self._outputs()
+
+    def _replay(self, scalars: Sequence[Any]) -> None:
+        """The graph, or its pieces with the collectives between them (Note [Collectives in a CUDA graph])."""
+        if not self.between:
+            self.graph.replay()
+            return
+        device = self.program.device
+        for piece in self.pieces:
+            if type(piece) is not tuple:
+                piece.replay()
+                continue
+            call, inputs, static = piece
+            results = run_extern(call, inputs, scalars, device)
+            torch._foreach_copy_([t for _, t in static], [t for _, t in results])
 
     def _disable(self, reason: str) -> None:
         self.disabled = reason
@@ -248,15 +279,18 @@ class GraphedProgram:
         stream = torch.cuda.current_stream(device)
         side = torch.cuda.Stream(device)
         side.wait_stream(stream)
+        between = _stand_in if self.between else None  # no collective runs at a capture
         with torch.cuda.stream(side):  # the warm-up torch.cuda.graph asks for: allocator, library workspaces
-            program.launch(self.static_in, scalars, count=False)
+            program.launch(self.static_in, scalars, count=False, between=between)
         stream.wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads may record meanwhile
-            outs = program.launch(self.static_in, scalars, count=False)
-            for i, k in self.aliases.items():
-                self.static_in[k].copy_(outs[i])
-        self.graph, self.static_out = graph, outs
+        if self.between:
+            outs = self._capture_pieces(scalars)
+        else:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads may record meanwhile
+                outs = self._launch_captured(scalars, None)
+            self.graph = graph
+        self.static_out = outs
         self.kernels = program.launched_kernels()
         # what _outputs returns, fixed by the plan: an updated storage's input buffer, a mutated storage's output
         # buffer, else (None) a fresh copy
@@ -271,6 +305,62 @@ class GraphedProgram:
         self.created_ptrs = (ctypes.c_void_p * max(1, len(self.created)))()
         self.static_ids = {id(t) for t in self.static_in} | {id(o) for o in outs}
         metrics.bump("cuda_graph.captures")
+
+    def _launch_captured(self, scalars: Sequence[Any], between: Any) -> List[torch.Tensor]:
+        """The program's launches as a capture records them, and the updated storages written back in place."""
+        outs = self.program.launch(self.static_in, scalars, count=False, between=between)
+        for i, k in self.aliases.items():
+            self.static_in[k].copy_(outs[i])
+        return outs
+
+    def _capture_pieces(self, scalars: Sequence[Any]) -> List[torch.Tensor]:
+        """Note [Collectives in a CUDA graph]: one graph per stretch between collectives, in one memory pool; each
+        collective's inputs (the buffers the piece before it wrote) and its static results (allocated outside the
+        pool: no piece's allocation may take them) kept for the replays."""
+        device = self.program.device
+        pool = torch.cuda.graph_pool_handle()
+        pieces: List[Any] = []
+        side = torch.cuda.Stream(device)
+        torch.cuda.synchronize(device)
+
+        def begin() -> None:
+            graph = torch.cuda.CUDAGraph()
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            pieces.append(graph)
+
+        def end() -> None:
+            with warnings.catch_warnings():  # a stretch with nothing to launch (two collectives in a row) is empty
+                warnings.filterwarnings("ignore", message=".*CUDA Graph is empty.*")
+                pieces[-1].capture_end()
+
+        def collective(call: tuple, values: List[Any], outputs: tuple) -> List[tuple]:
+            end()
+            inputs: List[Any] = [None] * len(values)
+            for i in call[4]:  # extern_call's input buffer ids
+                inputs[i] = values[i]
+            static = [(i, torch.empty_strided(shape, strides, dtype=dtype, device=device))
+                      for i, shape, strides, dtype in outputs]
+            pieces.append((call, inputs, static))
+            begin()
+            return static
+
+        with torch.cuda.stream(side):
+            begin()
+            try:
+                outs = self._launch_captured(scalars, collective)
+            finally:
+                end()
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.pieces = pieces
+        self.graph = pieces[-1]
+        metrics.bump("cuda_graph.pieces", sum(1 for p in pieces if type(p) is not tuple))
+        return outs
+
+
+def _stand_in(call: tuple, values: List[Any], outputs: tuple) -> List[tuple]:
+    """A collective's results at a capture's warm-up run: empty tensors (Note [Collectives in a CUDA graph])."""
+    device = next(t for t in values if t is not None).device
+    return [(i, torch.empty_strided(shape, strides, dtype=dtype, device=device)) for i, shape, strides, dtype in outputs]
 
 
 def program_size(program: Any) -> str:

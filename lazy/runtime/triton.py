@@ -75,6 +75,7 @@ from .reference import eager_dispatch
 from .reference import Program as ReferenceProgram
 
 _KERNEL, _EXTERN = "kernel", "extern"
+COLLECTIVE = "c10d_"  # the names of collective ops (lazy/distributed/collectives.py)
 TUNE_REPS = 10
 
 
@@ -223,7 +224,11 @@ class Program:
         for i, step in enumerate(sched.steps):
             frees = tuple(b for b in sched.frees.get(i, ()) if b not in kept)
             if isinstance(step, Extern):
-                steps.append((_EXTERN, extern_call(step), frees))
+                # a collective's outputs, for a CUDA graph that launches it between its pieces (Note [Collectives
+                # in a CUDA graph] in runtime/cuda_graph.py)
+                between = tuple((b.id, b.shape, b.strides, b.dtype) for b in step.outputs if b is not None) \
+                    if step.name.startswith(COLLECTIVE) else None
+                steps.append((_EXTERN, extern_call(step), frees, between))
                 continue
             assert isinstance(step, Kernel)
             launch = self.launches[n]
@@ -310,12 +315,14 @@ class Program:
         self.load_scalars(scalars)
         return self.launch(leaves, scalars)
 
-    def launch(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any],
-               count: bool = True) -> List[torch.Tensor]:
+    def launch(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any], count: bool = True,
+               between: Optional[Any] = None) -> List[torch.Tensor]:
         """The kernels and externs in step order, the scalars already loaded (``load_scalars``): what a CUDA graph
         captures (``count``: whether the run counts in the metrics; a capture's do not). Note [Temporaries in one
         allocation]: ``ptrs`` holds every live buffer's address, ``values`` the tensors that own them (arena
-        temporaries have none, but as views where a launch needs tensors)."""
+        temporaries have none, but as views where a launch needs tensors). ``between(call, values, outputs)``, if
+        given, stands in for each collective: it returns (buffer id, tensor) for the collective's outputs (Note
+        [Collectives in a CUDA graph] in runtime/cuda_graph.py)."""
         device = self.device
         values: List[Any] = [None] * self.num_buffers
         ptrs: List[int] = [0] * self.num_buffers
@@ -365,8 +372,10 @@ class Program:
                             self._bound[n](args, stream)
                         launched += 1
                 else:
-                    _, call, frees = step
-                    for i, t in run_extern(call, values, scalars, device):
+                    _, call, frees, collective = step
+                    results = run_extern(call, values, scalars, device) if between is None or collective is None \
+                        else between(call, values, collective)
+                    for i, t in results:
                         values[i] = t
                         p = ptrs[i] = t.data_ptr()
                         if aligned and p % 16:
