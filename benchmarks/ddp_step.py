@@ -79,11 +79,14 @@ def worker(args: argparse.Namespace) -> None:
 
     if backend in ("capture", "capture-ro"):
         train_step = lazy.compile(train_step, mode="reduce-overhead" if backend == "capture-ro" else "default")
+    def split(seq: torch.Tensor) -> tuple:
+        return seq[:, :-1].to(device), seq[:, 1:].to(device)
+
     times, cpu = [], []
     for step in range(args.warmup + args.steps):
         seq = batches[step % len(batches)]
         start, cpu_start = time.perf_counter(), time.process_time()
-        x, y = seq[:, :-1].to(device), seq[:, 1:].to(device)
+        x, y = split(seq)
         loss = train_step(x, y)
         if on_lazy:
             lazy.mark_step()
@@ -94,8 +97,11 @@ def worker(args: argparse.Namespace) -> None:
         cpu.append(time.process_time() - cpu_start)
     final = float(loss)
     steady = times[args.warmup:]
+    kernels = profile_kernels(lambda k: train_step(*split(batches[k % len(batches)])), args.profile,
+                              on_lazy) if cuda and args.profile else None
     if rank == 0:
-        print(RESULT + json.dumps({"first_ms": times[0] * 1e3, "step_ms": statistics.median(steady) * 1e3,
+        print(RESULT + json.dumps({"kernels": kernels,
+                                   "first_ms": times[0] * 1e3, "step_ms": statistics.median(steady) * 1e3,
                                    "best_ms": min(steady) * 1e3,
                                    "cpu_ms": statistics.median(cpu[args.warmup:]) * 1e3,
                                    "loss": final,
@@ -105,11 +111,59 @@ def worker(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
+def profile_kernels(step, steps: int, on_lazy: bool) -> dict:
+    """GPU kernel time per step over ``steps`` steps (torch profiler): all kernels, NCCL's, and how much of NCCL's
+    time other kernels ran at the same time (the collectives' overlap with compute)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import lazy
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for k in range(steps):
+            step(k)
+            if on_lazy:
+                lazy.mark_step()
+        if on_lazy:
+            lazy.wait_device_ops()
+        torch.cuda.synchronize()
+    spans: dict = {True: [], False: []}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start:
+            spans["nccl" in e.name.lower()].append((e.time_range.start, e.time_range.end))
+    us = 1e3 * steps  # profiler times are in us; per step in ms
+    return {"gpu_ms": sum(b - a for a, b in spans[True] + spans[False]) / us,
+            "nccl_ms": sum(b - a for a, b in spans[True]) / us,
+            "overlap_ms": _overlap(_union(spans[True]), _union(spans[False])) / us}
+
+
+def _union(spans: list) -> list:
+    out: list = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _overlap(xs: list, ys: list) -> float:
+    total, j = 0.0, 0
+    for a, b in xs:
+        while j < len(ys) and ys[j][1] <= a:
+            j += 1
+        k = j
+        while k < len(ys) and ys[k][0] < b:
+            total += min(b, ys[k][1]) - max(a, ys[k][0])
+            k += 1
+    return total
+
+
 def launch(backend: str, world: int, args: argparse.Namespace) -> dict:
     """Run ``world`` ranks of the worker for ``backend``; rank 0's result."""
     tmp = temp_dir("lazy-ddp-bench-")
     flags = [f"--{k}={getattr(args, k)}" for k in ("d", "layers", "block", "vocab", "batch", "steps", "warmup",
-                                                      "device")]
+                                                      "device", "profile")]
     env = dict(os.environ, WORLD_SIZE=str(world), DIST_INIT=f"file://{tmp}/store", OMP_NUM_THREADS="1",
                PYTHONWARNINGS="ignore")
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", backend] + flags,
@@ -141,6 +195,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda: one GPU per rank, NCCL")
     parser.add_argument("--backends", help="a comma-separated subset of eager,lazy,capture,capture-ro,compile")
     parser.add_argument("--timeout", type=float, default=900, help="seconds a run of one backend may take")
+    parser.add_argument("--profile", type=int, default=0,
+                        help="cuda: profile this many more steps for the GPU kernel time per step, NCCL's share of "
+                             "it and NCCL's overlap with other kernels")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -170,6 +227,12 @@ def main() -> None:
             print(f"{b:<11}{w:>6}{r['step_ms']:>10.2f}{r['best_ms']:>9.2f}{r['cpu_ms']:>8.2f}{sps:>11.0f}{ratio:>9.2f}x"
                   f"{r['first_ms']:>10.0f}{r['loss']:>9.4f}")
     print("vs eager: eager's step time over the backend's (above 1: faster than eager DDP)")
+    for w in (1, 2):
+        for b in backends:
+            k = results[(b, w)].get("kernels")
+            if k:
+                print(f"{b} x{w}: GPU kernels {k['gpu_ms']:.2f} ms per step, of which NCCL {k['nccl_ms']:.2f} ms "
+                      f"({k['overlap_ms']:.2f} ms of it overlapped by other kernels)")
     for b in backends:
         scaling = 2 * results[(b, 1)]["step_ms"] / results[(b, 2)]["step_ms"]
         print(f"scaling 1 -> 2 processes, {b}: {scaling:.2f}x samples/s")
