@@ -106,7 +106,9 @@ def worker(args: argparse.Namespace) -> None:
                                    "cpu_ms": statistics.median(cpu[args.warmup:]) * 1e3,
                                    "loss": final,
                                    "graphs": lazy.metrics.counter("compiles") if on_lazy else None,
-                                   "replays": lazy.metrics.counter("capture.replays") if on_lazy else None}),
+                                   "replays": lazy.metrics.counter("capture.replays") if on_lazy else None,
+                                   "cuda_graphs": {k[len("cuda_graph."):]: v for k, v in lazy.metrics.counters().items()
+                                              if k.startswith("cuda_graph.")} if on_lazy and cuda else None}),
               flush=True)
     dist.destroy_process_group()
 
@@ -229,6 +231,9 @@ def main() -> None:
     print("vs eager: eager's step time over the backend's (above 1: faster than eager DDP)")
     for w in (1, 2):
         for b in backends:
+            if results[(b, w)].get("cuda_graphs"):
+                print(f"{b} x{w}: CUDA graphs " + ", ".join(f"{k} {v:g}" for k, v in
+                                                          sorted(results[(b, w)]["cuda_graphs"].items())))
             k = results[(b, w)].get("kernels")
             if k:
                 print(f"{b} x{w}: GPU kernels {k['gpu_ms']:.2f} ms per step, of which NCCL {k['nccl_ms']:.2f} ms "
