@@ -256,17 +256,6 @@ PyObject* new_wrapper(PyObject* desc) {
   return t.release();
 }
 
-// A new lazy tensor of metadata ``desc`` owning a new storage whose value is ``value`` (record.py's new_tensor).
-PyObject* new_base(PyObject* desc, PyObject* value, PyObject* numel_obj) {
-  Ref t(new_wrapper(desc));
-  if (!t) return nullptr;
-  long long numel = PyLong_AsLongLong(numel_obj);
-  if (numel == -1 && PyErr_Occurred()) return nullptr;
-  Ref st(make_storage(value, PyTuple_GET_ITEM(desc, 0), PyTuple_GET_ITEM(desc, 1), numel));
-  if (!st || PyObject_SetAttr(t.get(), g.name_st, st.get()) != 0) return nullptr;
-  return t.release();
-}
-
 // The outputs of a multi-output functional call (record.py's emit_outputs and _tensors): one node with metas, a
 // getitem node per output, a new base tensor per output, in a tuple or list as the op returns them.
 PyObject* make_outputs(PyObject* func, PyObject* targs, PyObject* tkw, const Collected& c, PyObject* entry) {
@@ -300,6 +289,16 @@ PyObject* make_outputs(PyObject* func, PyObject* targs, PyObject* tkw, const Col
 }
 
 }  // namespace
+
+PyObject* recording::new_base(PyObject* desc, PyObject* value, PyObject* numel_obj) {
+  Ref t(new_wrapper(desc));
+  if (!t) return nullptr;
+  long long numel = PyLong_AsLongLong(numel_obj);
+  if (numel == -1 && PyErr_Occurred()) return nullptr;
+  Ref st(make_storage(value, PyTuple_GET_ITEM(desc, 0), PyTuple_GET_ITEM(desc, 1), numel));
+  if (!st || PyObject_SetAttr(t.get(), g.name_st, st.get()) != 0) return nullptr;
+  return t.release();
+}
 
 PyObject* recording::record(PyObject* func, const FastOp& op, PyObject* args, PyObject* kwargs) {
   Py_ssize_t n = PyTuple_GET_SIZE(args);
@@ -546,31 +545,6 @@ PyObject* set_fast_path(PyObject*, PyObject* enabled) {
 }
 
 PyObject* traced_ops(PyObject*, PyObject*) { return PyLong_FromLongLong(g.traced); }
-
-PyObject* new_tensors(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 4 || !PyTuple_Check(args[0]) || !PyList_Check(args[1]) || !PyTuple_Check(args[2]) ||
-      !PyTuple_Check(args[3]) || PyTuple_GET_SIZE(args[2]) != PyTuple_GET_SIZE(args[0]) ||
-      PyTuple_GET_SIZE(args[3]) != PyTuple_GET_SIZE(args[0]) || g.make_wrapper == nullptr) {
-    PyErr_SetString(PyExc_TypeError, "new_tensors(descs: tuple, outs: list, indices: tuple, numels: tuple), once "
-                                     "configured");
-    return nullptr;
-  }
-  Py_ssize_t n = PyTuple_GET_SIZE(args[0]);
-  Ref result(PyTuple_New(n));
-  for (Py_ssize_t j = 0; result && j < n; ++j) {
-    PyObject* desc = PyTuple_GET_ITEM(args[0], j);
-    Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[2], j));
-    if (!PyTuple_Check(desc) || PyTuple_GET_SIZE(desc) != 4 || i < 0 || i >= PyList_GET_SIZE(args[1])) {
-      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "new_tensors: a bad desc or output index");
-      return nullptr;
-    }
-    Ref leaf(make_data_leaf(PyList_GET_ITEM(args[1], i)));
-    PyObject* t = leaf ? new_base(desc, leaf.get(), PyTuple_GET_ITEM(args[3], j)) : nullptr;
-    if (t == nullptr) return nullptr;
-    PyTuple_SET_ITEM(result.get(), j, t);
-  }
-  return result.release();
-}
 
 PyObject* bump_traced_ops(PyObject*, PyObject*) {
   ++g.traced;

@@ -41,8 +41,4 @@ PyObject* install_methods(PyObject* self, PyObject* const* args, Py_ssize_t narg
 // plain_call(x): whether a call on lazy tensor ``x`` alone may skip the dispatcher (the methods' test).
 PyObject* plain_call(PyObject* self, PyObject* x);
 
-// new_tensors(descs, outs, indices, numels) -> tuple: lazy/device/tensor.py's new_tensor(descs[j], a data leaf of
-// outs[indices[j]], numels[j]) for each j, in C and in one call (a replay's new tensors: a step's gradients).
-PyObject* new_tensors(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
-
 }  // namespace lazy

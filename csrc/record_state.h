@@ -93,6 +93,10 @@ static PyObject* const kBail = reinterpret_cast<PyObject*>(&g);
 // Records ``func(*args, **kwargs)`` (a registered op); a new tensor, kBail, or NULL with an error set.
 PyObject* record(PyObject* func, const FastOp& op, PyObject* args, PyObject* kwargs);
 
+// A new lazy tensor of metadata ``desc`` (shape, stride, offset, dtype) owning a new storage whose value is ``value``
+// (record.py's new_tensor); NULL with an error set.
+PyObject* new_base(PyObject* desc, PyObject* value, PyObject* numel);
+
 // False with a RuntimeError set if lazy._C.configure() has not run.
 bool configured();
 

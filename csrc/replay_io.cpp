@@ -14,6 +14,7 @@
 
 #include "alias.h"
 #include "ir.h"
+#include "record_state.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -220,6 +221,32 @@ PyObject* stale_inputs(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_XDECREF(dst);
   Py_XDECREF(src);
   return result;
+}
+
+PyObject* new_tensors(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  using recording::g;
+  if (nargs != 4 || !PyTuple_Check(args[0]) || !PyList_Check(args[1]) || !PyTuple_Check(args[2]) ||
+      !PyTuple_Check(args[3]) || PyTuple_GET_SIZE(args[2]) != PyTuple_GET_SIZE(args[0]) ||
+      PyTuple_GET_SIZE(args[3]) != PyTuple_GET_SIZE(args[0]) || g.make_wrapper == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "new_tensors(descs: tuple, outs: list, indices: tuple, numels: tuple), once "
+                                     "configured");
+    return nullptr;
+  }
+  Py_ssize_t n = PyTuple_GET_SIZE(args[0]);
+  recording::Ref result(PyTuple_New(n));
+  for (Py_ssize_t j = 0; result && j < n; ++j) {
+    PyObject* desc = PyTuple_GET_ITEM(args[0], j);
+    Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[2], j));
+    if (!PyTuple_Check(desc) || PyTuple_GET_SIZE(desc) != 4 || i < 0 || i >= PyList_GET_SIZE(args[1])) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "new_tensors: a bad desc or output index");
+      return nullptr;
+    }
+    recording::Ref leaf(make_data_leaf(PyList_GET_ITEM(args[1], i)));
+    PyObject* t = leaf ? recording::new_base(desc, leaf.get(), PyTuple_GET_ITEM(args[3], j)) : nullptr;
+    if (t == nullptr) return nullptr;
+    PyTuple_SET_ITEM(result.get(), j, t);
+  }
+  return result.release();
 }
 
 // Note [Host step counters in C]

@@ -22,6 +22,10 @@ PyObject* replay_inputs(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 // returns the number of new leaves.
 PyObject* replay_writes(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
+// new_tensors(descs, outs, indices, numels) -> tuple: lazy/device/tensor.py's new_tensor(descs[j], a data leaf of
+// outs[indices[j]], numels[j]) for each j, in C and in one call (a replay's new tensors: a step's gradients).
+PyObject* new_tensors(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+
 // leaves_unshared(pairs) -> (safe, keep): for the (storage, data leaf) pairs a CUDA-graph program bound to its
 // static memory (runtime/cuda_graph.py's GraphedProgram._overwritable), whether none is referenced beyond the pair
 // and its storage, and the pairs to remember: those still bound or still referenced.
