@@ -241,6 +241,92 @@ int tensor_unshared(PyObject* tensor, PyObject* shape) {
   return static_cast<size_t>(storage.nbytes()) == static_cast<size_t>(impl->numel()) * impl->itemsize() ? 1 : 0;
 }
 
+namespace {
+
+// Where THPVariable keeps ``_backward_hooks`` and ``_post_accumulate_grad_hooks`` (the two words after its at::Tensor
+// in torch 2.13), found by probe_hook_fields(); 0 until it has.
+Py_ssize_t g_hooks_offset = 0;
+
+// The weak count of an intrusive_ptr target (raw::weak_intrusive_ptr::use_count answers its strong count).
+template <class T>
+uint32_t weak_count(T* target) {
+  auto ptr = c10::intrusive_ptr<T>::reclaim(target);
+  uint32_t n = ptr.weak_use_count();
+  ptr.release();
+  return n;
+}
+
+}  // namespace
+
+PyObject* probe_hook_fields(PyObject*, PyObject* tensor) {
+  g_hooks_offset = 0;
+  if (!g_direct || g_tensor_type == nullptr || !PyObject_TypeCheck(tensor, g_tensor_type)) Py_RETURN_FALSE;
+  PyObject* hooks = PyObject_GetAttrString(tensor, "_backward_hooks");
+  PyObject* post = hooks != nullptr ? PyObject_GetAttrString(tensor, "_post_accumulate_grad_hooks") : nullptr;
+  if (post == nullptr) {
+    Py_XDECREF(hooks);
+    return nullptr;
+  }
+  const Py_ssize_t at = static_cast<Py_ssize_t>(sizeof(PyObject) + sizeof(void*));
+  PyObject** words = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(tensor) + at);
+  const bool found = hooks != Py_None && post != Py_None && hooks != post && words[0] == hooks && words[1] == post;
+  Py_DECREF(hooks);
+  Py_DECREF(post);
+  if (found) g_hooks_offset = at;
+  return PyBool_FromLong(found);
+}
+
+// Note [Reused gradient wrappers] (replay_io.cpp) says why each test is needed.
+PyObject* sole_grad(PyObject* owner, PyObject* out, PyObject* shape, PyObject* stride) {
+  if (!g_direct || g_hooks_offset == 0 || Py_TYPE(out) != g_tensor_type) return nullptr;
+  try {
+    const at::Tensor& grad = raw_impl(owner)->grad();
+    if (!grad.defined()) return nullptr;
+    c10::TensorImpl* impl = grad.unsafeGetTensorImpl();
+    PyObject* obj = impl->pyobj_slot()->load_pyobj();
+    // Python: the one reference the TensorImpl holds while C++ holds it too; C++: the object's and the gradient's
+    if (obj == nullptr || Py_REFCNT(obj) != 1 || raw_impl(obj) != impl || grad.use_count() != 2 ||
+        grad.weak_use_count() != 1) {
+      return nullptr;
+    }
+    PyTypeObject* tp = Py_TYPE(obj);
+    if (tp->tp_weaklistoffset > 0 &&
+        *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + tp->tp_weaklistoffset) != nullptr) {
+      return nullptr;
+    }
+    PyObject** hooks = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + g_hooks_offset);
+    if (hooks[0] != nullptr || hooks[1] != nullptr) return nullptr;
+    // no autograd metadata: requires_grad False, no .grad, no hooks, not a view, no grad_fn, no forward grad
+    if (impl->autograd_meta() != nullptr || impl->is_inference() || impl->version_counter().current_version() != 0 ||
+        impl->is_conj() || impl->is_neg() || impl->has_symbolic_sizes_strides() || impl->layout() != c10::kStrided ||
+        impl->device() != c10::Device(c10::DeviceType::Lazy, 0) || impl->storage_offset() != 0 ||
+        impl->dtype() != raw_impl(out)->dtype() || !same_ints(impl->sizes(), shape) ||
+        !same_ints(impl->strides(), stride) || !impl->has_storage()) {
+      return nullptr;
+    }
+    c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
+    if (c10::raw::intrusive_ptr::use_count(storage) != 1 || weak_count(storage) != 1) return nullptr;
+    return obj;
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+}
+
+PyObject* grad_holders(PyObject*, PyObject* owner) {
+  if (!g_direct || g_tensor_type == nullptr || !PyObject_TypeCheck(owner, g_tensor_type)) {
+    PyErr_SetString(PyExc_TypeError, "grad_holders(tensor), after probe_layout found tensor objects readable");
+    return nullptr;
+  }
+  const at::Tensor& grad = raw_impl(owner)->grad();
+  if (!grad.defined()) Py_RETURN_NONE;
+  PyObject* obj = grad.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
+  c10::StorageImpl* storage = grad.has_storage() ? grad.storage().unsafeGetStorageImpl() : nullptr;
+  return Py_BuildValue("(nkkk)", obj != nullptr ? Py_REFCNT(obj) : Py_ssize_t{-1},
+                       static_cast<unsigned long>(grad.use_count()), static_cast<unsigned long>(grad.weak_use_count()),
+                       storage != nullptr ? static_cast<unsigned long>(c10::raw::intrusive_ptr::use_count(storage))
+                                          : 0ul);
+}
+
 PyObject* share_storage_py(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 2) {
     PyErr_SetString(PyExc_TypeError, "share_storage(view, base)");

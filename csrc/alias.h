@@ -62,6 +62,19 @@ void* tensor_data(PyObject* tensor);
 // from offset 0 over all of its storage, with sizes ``shape`` (a tuple), not requiring grad. 1 or 0; never raises.
 int tensor_unshared(PyObject* tensor, PyObject* shape);
 
+// probe_hook_fields(tensor): read a tensor object's ``_backward_hooks`` and ``_post_accumulate_grad_hooks`` straight
+// from it from now on if ``tensor`` (both set, to distinct objects) shows where they are; returns whether it does.
+PyObject* probe_hook_fields(PyObject* self, PyObject* tensor);
+
+// The Python object of ``owner``'s gradient (borrowed) if, on torch's side, nothing but ``owner`` can see it and it
+// is what a new lazy tensor over ``out`` with sizes ``shape`` and strides ``stride`` (tuples) would be; else NULL.
+// ``owner`` is a torch.Tensor (the caller checks). Never raises. Note [Reused gradient wrappers] in replay_io.cpp.
+PyObject* sole_grad(PyObject* owner, PyObject* out, PyObject* shape, PyObject* stride);
+
+// grad_holders(tensor) -> (Python references of its gradient's object, the gradient's TensorImpl use count and weak
+// count, its StorageImpl's use count), or None without a gradient: what sole_grad reads, for tests.
+PyObject* grad_holders(PyObject* self, PyObject* owner);
+
 // share_storage(view, base) for Python (record.py's slow path).
 PyObject* share_storage_py(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 

@@ -228,6 +228,16 @@ PyObject* make_storage(PyObject* value, PyObject* shape, PyObject* stride, long 
   return reinterpret_cast<PyObject*>(st);
 }
 
+void make_newest(StorageObject* st) {
+  st->prev->next = st->next;
+  st->next->prev = st->prev;
+  st->prev = g_live_head.prev;
+  st->next = &g_live_head;
+  g_live_head.prev->next = st;
+  g_live_head.prev = st;
+  st->serial = g_serial++;
+}
+
 PyObject* live_storages() {
   PyObject* out = PyList_New(0);
   if (out == nullptr) return nullptr;

@@ -67,6 +67,10 @@ PyObject* make_node(PyObject* op, PyObject* args, PyObject* kwargs, PyObject* in
 // A new storage holding ``value``, registered as live.
 PyObject* make_storage(PyObject* value, PyObject* shape, PyObject* stride, long long numel);
 
+// Gives a live storage the serial and registry place of one made now (a replay's reused gradient wrapper, Note
+// [Reused gradient wrappers] in replay_io.cpp, takes the place its new tensor would have had).
+void make_newest(StorageObject* st);
+
 // The serial the next node will get (nodes created since a point in time have serials >= its value).
 long long next_node_serial();
 

@@ -552,10 +552,12 @@ PyObject* bump_traced_ops(PyObject*, PyObject*) {
 }
 
 PyObject* reset_counters(PyObject*, PyObject*) {
-  g.traced = g.hits = g.misses = 0;
+  g.traced = g.hits = g.misses = g.reused_grads = 0;
   Py_RETURN_NONE;
 }
 
 PyObject* fast_path_stats(PyObject*, PyObject*) { return Py_BuildValue("(LL)", g.hits, g.misses); }
+
+PyObject* reused_grads(PyObject*, PyObject*) { return PyLong_FromLongLong(g.reused_grads); }
 
 }  // namespace lazy

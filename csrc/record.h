@@ -25,8 +25,8 @@ PyObject* clear_fast_cache(PyObject* self, PyObject* unused);
 // Enables/disables the fast path (off while every traced op is logged).
 PyObject* set_fast_path(PyObject* self, PyObject* enabled);
 
-// The number of ops that reached the recorder; one more (ops entering through the Lazy key); zero it and the
-// fast-path statistics.
+// The number of ops that reached the recorder; one more (ops entering through the Lazy key); zero it, the
+// fast-path statistics and reused_grads.
 PyObject* traced_ops(PyObject* self, PyObject* unused);
 PyObject* bump_traced_ops(PyObject* self, PyObject* unused);
 PyObject* reset_counters(PyObject* self, PyObject* unused);
@@ -40,5 +40,8 @@ PyObject* install_methods(PyObject* self, PyObject* const* args, Py_ssize_t narg
 
 // plain_call(x): whether a call on lazy tensor ``x`` alone may skip the dispatcher (the methods' test).
 PyObject* plain_call(PyObject* self, PyObject* x);
+
+// How many gradient wrappers replays reused since the last reset (Note [Reused gradient wrappers] in replay_io.cpp).
+PyObject* reused_grads(PyObject* self, PyObject* unused);
 
 }  // namespace lazy

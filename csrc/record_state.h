@@ -82,6 +82,7 @@ struct State {
   long long traced = 0;
   long long hits = 0;
   long long misses = 0;
+  long long reused_grads = 0;  // Note [Reused gradient wrappers] in replay_io.cpp
   std::unordered_map<PyObject*, FastOp> ops;  // keyed by the OpOverload's identity
 };
 

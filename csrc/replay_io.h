@@ -22,8 +22,10 @@ PyObject* replay_inputs(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 // returns the number of new leaves.
 PyObject* replay_writes(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
-// new_tensors(descs, outs, indices, numels) -> tuple: lazy/device/tensor.py's new_tensor(descs[j], a data leaf of
-// outs[indices[j]], numels[j]) for each j, in C and in one call (a replay's new tensors: a step's gradients).
+// new_tensors(descs, outs, indices, numels[, owners]) -> tuple: lazy/device/tensor.py's new_tensor(descs[j], a data
+// leaf of outs[indices[j]], numels[j]) for each j, in C and in one call (a replay's new tensors: a step's gradients).
+// Where owners[j] is a tensor whose gradient nothing else can see, that gradient's wrapper takes the value instead
+// and is returned (Note [Reused gradient wrappers] in replay_io.cpp).
 PyObject* new_tensors(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 // leaves_unshared(pairs) -> (safe, keep): for the (storage, data leaf) pairs a CUDA-graph program bound to its

@@ -257,23 +257,32 @@ class Entry:
         created = list((plan.created or {}).items())
         for tid, (i, desc, numel) in created:
             made[tid] = f"T{i}"
+        dead = _dead_stores(s)
+        self.dead_stores = len(dead)
+        reused = _reused_grads(s, plan, dead)  # created tensor -> the effect storing it to an old gradient's place
+        self.reusable_grads = len(reused)
         if created:  # in one C call
             names = "".join(f"T{i}, " for _, (i, _, _) in created)
             descs = r.const(tuple(desc for _, (_, desc, _) in created))
             indices = r.const(tuple(i for _, (i, _, _) in created))
             numels = r.const(tuple(numel for _, (_, _, numel) in created))
-            body.append(f"({names}) = _new_tensors({descs}, O, {indices}, {numels})")
+            owners = ""
+            if reused:  # Note [Reused gradient wrappers]: each parameter whose old gradient may take the new value
+                for tid, k in reused.items():
+                    body.append(f"t{k} = {r.expr(s.effects[k].target)}")
+                owners = ", (" + "".join(f"t{reused[tid]}, " if tid in reused else "None, " for tid, _ in created) + ")"
+            body.append(f"({names}) = _new_tensors({descs}, O, {indices}, {numels}{owners})")
         # Every value is computed before the first store: the expressions read the state as the call found it
         # (reads after the function's own stores were resolved at capture), which the stores change.
         renderer = _Values(r, made, plan, breaks)
         stores = []
-        dead = _dead_stores(s)
-        self.dead_stores = len(dead)
+        assigned = set(reused.values())
         for k, eff in enumerate(s.effects):
             if k in dead:
                 continue
             target, value, store = renderer.effect(eff)
-            body.append(f"t{k} = {target}")
+            if k not in assigned:
+                body.append(f"t{k} = {target}")
             if value is not None:
                 body.append(f"v{k} = {value}")
             stores.append(store.format(t=f"t{k}", v=f"v{k}"))
@@ -332,6 +341,83 @@ def _dead_stores(s: Session) -> set:
             dead.add(k)
         later.add(place)
     return dead
+
+
+def _reused_grads(s: Session, plan: Plan, dead: set) -> Dict[int, int]:
+    """Note [Reused gradient wrappers]
+    A replay's new gradients may take the wrappers of the gradients they replace: csrc/replay_io.cpp's Note of the
+    same name, whose checks at each replay make sure nothing but the parameter holds the old wrapper then. What the
+    replay itself does after ``_new_tensors`` is known here, and must not reach the old wrapper either: by then it
+    holds the new values, while the stores that replace it come last. So a created tensor is offered for reuse (the
+    parameter it is stored to read before ``_new_tensors``, its ``t`` line moved there) only where:
+    - it does not require grad, and is stored once, as a ``.grad`` (a live store: Note [Dead stores]), and nowhere
+      else, returned neither. (A tensor also stored or returned elsewhere would be held there at the next replay, and
+      not reused then; a wrapper returned at this replay could even be reused soundly. Conservative.)
+    - every store of the replay only binds its value (``Effect.place``): a property's setter, run among the stores,
+      may read the old gradient, which eager's setter saw with its old values (it ran before ``backward``);
+    - no expression the replay evaluates after ``_new_tensors`` (store targets and keys, stored and returned values)
+      calls anything or reads a ``.grad``: ``old = p.grad; ...; return old`` returns the old gradient, read after
+      ``_new_tensors``. Whatever reaches it otherwise (a temporary computed earlier, a container, a constant) holds a
+      reference, which the check at replay sees.
+    Returns {id(created tensor): index of the effect storing it}."""
+    created = plan.created or {}
+    live = [(k, eff) for k, eff in enumerate(s.effects) if k not in dead]
+    if not created or any(eff.place is None for _, eff in live):
+        return {}
+    uses: Dict[int, int] = {}
+    later: list = []
+
+    def walk(b: Any) -> None:
+        if type(b) is tuple:
+            for x in b:
+                walk(x)
+        elif not isinstance(b, Box):
+            later.append(b)
+        elif type(b.m) is E:
+            later.append(b.m)
+        elif is_lazy(b.v):
+            uses[id(b.v)] = uses.get(id(b.v), 0) + 1
+        elif type(b.m) is New and b.m.kind in ("list", "tuple"):
+            walk(tuple(b.m.items))
+        elif type(b.m) is New and b.m.kind == "dict":
+            walk(tuple(b.m.items.values()))
+    walk(plan.result)
+    for _, eff in live:
+        later.append(eff.target)
+        later.append(eff.key)
+        if eff.value is not None:
+            walk(eff.value)
+    if any(_may_read_grad(e) for e in later):
+        return {}
+    out: Dict[int, int] = {}
+    for k, eff in live:
+        v = eff.value.v if isinstance(eff.value, Box) else None
+        if eff.kind == "setattr" and eff.key == "grad" and is_lazy(v) and type(eff.value.m) is not E and \
+                id(v) in created and uses.get(id(v)) == 1 and not v.requires_grad:
+            out[id(v)] = k
+    return out
+
+
+def _may_read_grad(e: Any) -> bool:
+    """Whether evaluating ``e`` may call something or read a tensor's gradient (``.grad``, ``._grad``)."""
+    if type(e) is tuple:
+        return any(_may_read_grad(x) for x in e)
+    if type(e) is not E:
+        return False
+    if e.op in ("call", "meth") or e.op == "attr" and e.args[1] in ("grad", "_grad"):
+        return True
+    return any(_may_read_grad(x) for x in e.args)
+
+
+def _probe_hook_fields() -> bool:
+    """Lets csrc/alias.cpp read a tensor's hook fields (Note [Reused gradient wrappers] in csrc/replay_io.cpp)."""
+    t = torch.empty(0)
+    t._backward_hooks = {}
+    t._post_accumulate_grad_hooks = {}
+    return _C.probe_hook_fields(t)
+
+
+_probe_hook_fields()
 
 
 def _host_receivers(s: Session) -> list:

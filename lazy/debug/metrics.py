@@ -33,6 +33,9 @@ def counters() -> Dict[str, float]:
     traced_ops = _C.traced_ops()
     if traced_ops:
         snap["traced_ops"] = traced_ops
+    reused = _C.reused_grads()  # counted in C (Note [Reused gradient wrappers] in csrc/replay_io.cpp)
+    if reused:
+        snap["capture.reused_grads"] = reused
     return dict(sorted(snap.items()))
 
 
