@@ -217,14 +217,24 @@ void* tensor_data(PyObject* tensor) {
   }
 }
 
+namespace {
+
+// Whether weak references to ``obj`` exist. A type's weak-reference list sits at tp_weaklistoffset: a positive offset,
+// or on Python 3.12+ a negative one where the interpreter manages it (Py_TPFLAGS_MANAGED_WEAKREF: before the object,
+// as CPython's own _PyObject_GET_WEAKREFS_LISTPTR reads it); 0 where the type takes none.
+bool has_weakrefs(PyObject* obj) {
+  const Py_ssize_t at = Py_TYPE(obj)->tp_weaklistoffset;
+  return at != 0 && *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + at) != nullptr;
+}
+
+}  // namespace
+
 int tensor_unshared(PyObject* tensor, PyObject* shape) {
   if (g_tensor_type == nullptr || Py_TYPE(tensor) != g_tensor_type || Py_REFCNT(tensor) != 1 ||
       !PyTuple_Check(shape)) {
     return 0;
   }
-  PyObject** weakrefs = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(tensor) +
-                                                     Py_TYPE(tensor)->tp_weaklistoffset);
-  if (Py_TYPE(tensor)->tp_weaklistoffset > 0 && *weakrefs != nullptr) return 0;
+  if (has_weakrefs(tensor)) return 0;
   c10::TensorImpl* impl = plain_impl(tensor);
   if (impl == nullptr || c10::raw::intrusive_ptr::use_count(impl) != 1 ||
       c10::raw::weak_intrusive_ptr::use_count(impl) != 1 || !impl->has_storage() || impl->storage_offset() != 0 ||
@@ -289,11 +299,7 @@ PyObject* sole_grad(PyObject* owner, PyObject* out, PyObject* shape, PyObject* s
         grad.weak_use_count() != 1) {
       return nullptr;
     }
-    PyTypeObject* tp = Py_TYPE(obj);
-    if (tp->tp_weaklistoffset > 0 &&
-        *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + tp->tp_weaklistoffset) != nullptr) {
-      return nullptr;
-    }
+    if (has_weakrefs(obj)) return nullptr;
     PyObject** hooks = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + g_hooks_offset);
     if (hooks[0] != nullptr || hooks[1] != nullptr) return nullptr;
     // no autograd metadata: requires_grad False, no .grad, no hooks, not a view, no grad_fn, no forward grad

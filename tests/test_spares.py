@@ -68,8 +68,10 @@ def test_outputs_still_held_are_never_overwritten():
         torch.testing.assert_close(s.cpu(), (xs[i] * w + 1).relu().sum(dim=0))
     for i, v in zip(range(1, 6, 3), views):
         torch.testing.assert_close(v.cpu(), (xs[i] * w + 1).relu()[3:5])
-    for i, c in zip(range(2, 6, 3), cpu_copies):
+    for i, c, ref in zip(range(2, 6, 3), cpu_copies, weak):
         torch.testing.assert_close(c, (xs[i] * w + 1).relu())
+        if ref() is not None:  # a weak reference still sees the values it saw (a spare is never a referenced one)
+            torch.testing.assert_close(ref(), c, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("holder", ["view", "storage"])
