@@ -325,14 +325,17 @@ def _dead_stores(s: Session) -> set:
     6-layer GPT step's 152 stores. Such a store is dropped when storing has no effect but binding the value
     (``Effect.place``: a plain attribute, a tensor's ``.grad``, a dict item at a constant key) and both targets are
     the same object at every replay: the same object at capture, which every expression that reached it is guarded
-    to stay (Note [Objects reached twice] in lazy/capture/policy.py). A deletion does not make an earlier store dead
-    (the attribute might not exist at replay without it)."""
+    to stay (Note [Objects reached twice] in lazy/capture/policy.py). An effect in between that does more than bind
+    (a deletion, a property's setter, a list method) keeps every store before it: the setter may read the place
+    (after ``opt.zero_grad()``, ``p.grad`` is None to it, not the gradient of the step before), and ``d[k] = 1;
+    del d[k]; d[k] = 2`` needs its first store for the deletion to find the key."""
     dead = set()
     later = set()
     for k in range(len(s.effects) - 1, -1, -1):
         eff = s.effects[k]
         place = eff.place
         if place is None:
+            later.clear()
             continue
         first = s.paths.get(place[0])
         if first is None or not (first[1] == eff.target or s.guards.get(("same", eff.target)) == first[1]):
