@@ -227,6 +227,15 @@ bool has_weakrefs(PyObject* obj) {
   return at != 0 && *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + at) != nullptr;
 }
 
+// The weak count of an intrusive_ptr target (raw::weak_intrusive_ptr::use_count answers its strong count).
+template <class T>
+uint32_t weak_count(T* target) {
+  auto ptr = c10::intrusive_ptr<T>::reclaim(target);
+  uint32_t n = ptr.weak_use_count();
+  ptr.release();
+  return n;
+}
+
 }  // namespace
 
 int tensor_unshared(PyObject* tensor, PyObject* shape) {
@@ -236,15 +245,14 @@ int tensor_unshared(PyObject* tensor, PyObject* shape) {
   }
   if (has_weakrefs(tensor)) return 0;
   c10::TensorImpl* impl = plain_impl(tensor);
-  if (impl == nullptr || c10::raw::intrusive_ptr::use_count(impl) != 1 ||
-      c10::raw::weak_intrusive_ptr::use_count(impl) != 1 || !impl->has_storage() || impl->storage_offset() != 0 ||
+  if (impl == nullptr || c10::raw::intrusive_ptr::use_count(impl) != 1 || weak_count(impl) != 1 ||
+      !impl->has_storage() || impl->storage_offset() != 0 ||
       !impl->is_contiguous() || impl->requires_grad()) {
     return 0;
   }
   const c10::Storage& storage = impl->storage();
   c10::StorageImpl* st = storage.unsafeGetStorageImpl();
-  if (st == nullptr || c10::raw::intrusive_ptr::use_count(st) != 1 ||
-      c10::raw::weak_intrusive_ptr::use_count(st) != 1) {
+  if (st == nullptr || c10::raw::intrusive_ptr::use_count(st) != 1 || weak_count(st) != 1) {
     return 0;
   }
   if (!same_ints(impl->sizes(), shape)) return 0;
@@ -256,15 +264,6 @@ namespace {
 // Where THPVariable keeps ``_backward_hooks`` and ``_post_accumulate_grad_hooks`` (the two words after its at::Tensor
 // in torch 2.13), found by probe_hook_fields(); 0 until it has.
 Py_ssize_t g_hooks_offset = 0;
-
-// The weak count of an intrusive_ptr target (raw::weak_intrusive_ptr::use_count answers its strong count).
-template <class T>
-uint32_t weak_count(T* target) {
-  auto ptr = c10::intrusive_ptr<T>::reclaim(target);
-  uint32_t n = ptr.weak_use_count();
-  ptr.release();
-  return n;
-}
 
 }  // namespace
 
