@@ -226,12 +226,12 @@ PyObject* stale_inputs(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // Note [Reused gradient wrappers]
 // A replayed training step makes a new lazy tensor for every gradient backward left (``p.grad = g``: 77 in a 6-layer
 // GPT step) and drops the one the step before made: ~0.75 us each on a 2-core AMD EPYC, ~2 us on a GPU host, most of
-// it torch's ``Tensor._make_wrapper_subclass`` (0.15-0.38 ms of that GPT step's 1-1.75 ms of host time on an H100).
+// it torch's ``Tensor._make_wrapper_subclass`` (0.15-0.38 ms of that GPT step's 1-1.75 ms of host time on H200 hosts).
 // Where nothing can tell the difference, new_tensors gives the old gradient's wrapper the new value instead: its
 // storage takes a data leaf of the output (as replay_writes rebinds a parameter's), and the wrapper is returned in
 // the new tensor's place, which the replay stores to ``p.grad``, where it already is. Only ``p`` may see the old
 // wrapper, then, and the wrapper must carry nothing a new tensor would not. Checked at every replay:
-// - Python holds it only through its TensorImpl. torch 2.13 preserves a tensor's object while C++ holds the
+// - Python holds it only through its TensorImpl. torch (2.11-2.13) preserves a tensor's object while C++ holds the
 //   TensorImpl besides the object (Note [PyObject preservation for Tensor and Storages] in c10/util/intrusive_ptr.h:
 //   the TensorImpl then holds one reference to the object), so ``Py_REFCNT == 1`` for a gradient nothing else holds
 //   (``sys.getrefcount(p.grad)`` reads 2: that and the argument's), 2 once a user's ``g = p.grad`` holds it; ``g``
