@@ -285,6 +285,17 @@ PyObject* probe_hook_fields(PyObject*, PyObject* tensor) {
   return PyBool_FromLong(found);
 }
 
+bool grad_is(PyObject* owner, PyObject* value) {
+  if (!g_direct || g_tensor_type == nullptr || !PyObject_TypeCheck(value, g_tensor_type)) return false;
+  try {
+    const at::Tensor& grad = raw_impl(owner)->grad();
+    return grad.defined() && grad.unsafeGetTensorImpl() == raw_impl(value) &&
+           grad.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj() == value;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 // Note [Reused gradient wrappers] (replay_io.cpp) says why each test is needed.
 PyObject* sole_grad(PyObject* owner, PyObject* out, PyObject* shape, PyObject* stride) {
   if (!g_direct || g_hooks_offset == 0 || Py_TYPE(out) != g_tensor_type) return nullptr;

@@ -71,6 +71,10 @@ PyObject* probe_hook_fields(PyObject* self, PyObject* tensor);
 // ``owner`` is a torch.Tensor (the caller checks). Never raises. Note [Reused gradient wrappers] in replay_io.cpp.
 PyObject* sole_grad(PyObject* owner, PyObject* out, PyObject* shape, PyObject* stride);
 
+// Whether ``owner``'s gradient is the tensor object ``value`` (``owner`` a torch.Tensor, the caller checks). Never
+// raises; false where the layout is not known.
+bool grad_is(PyObject* owner, PyObject* value);
+
 // grad_holders(tensor) -> (Python references of its gradient's object, the gradient's TensorImpl use count and weak
 // count, its StorageImpl's use count), or None without a gradient: what sole_grad reads, for tests.
 PyObject* grad_holders(PyObject* self, PyObject* owner);

@@ -89,6 +89,8 @@ PyMethodDef methods[] = {
     {"new_tensors", FASTCALL(lazy::new_tensors), METH_FASTCALL,
      "new_tensors(descs, outs, indices, numels[, owners]): new lazy tensors over data leaves of outs[indices[j]], or "
      "owners[j]'s gradient given that value where nothing else sees it (csrc/replay_io.cpp)."},
+    {"store_grad", FASTCALL(lazy::store_grad), METH_FASTCALL,
+     "store_grad(owner, value): object.__setattr__(owner, 'grad', value) unless it holds value (csrc/replay_io.cpp)."},
     {"reused_grads", lazy::reused_grads, METH_NOARGS,
      "How many gradient wrappers new_tensors gave a new value instead of making a tensor (csrc/replay_io.cpp)."},
     {"grad_holders", lazy::grad_holders, METH_O,

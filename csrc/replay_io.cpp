@@ -371,6 +371,23 @@ StorageObject* storage_in(PyObject* tensor) {
 
 }  // namespace
 
+// A reused wrapper is ``p.grad`` already: storing it again through torch's setter (~0.36 us: its argument checks)
+// binds what is there, so store_grad skips the store where ``owner.grad`` is torch's slot and holds ``value``, and
+// else stores as ``object.__setattr__(owner, "grad", value)`` does.
+PyObject* store_grad(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "store_grad(owner, value)");
+    return nullptr;
+  }
+  if (plain_grad_slot(args[0]) && grad_is(args[0], args[1])) Py_RETURN_NONE;
+  PyObject* name = s_grad_name != nullptr ? Py_NewRef(s_grad_name) : PyUnicode_InternFromString("grad");
+  if (name == nullptr) return nullptr;
+  const int failed = PyObject_GenericSetAttr(args[0], name, args[1]);
+  Py_DECREF(name);
+  if (failed != 0) return nullptr;
+  Py_RETURN_NONE;
+}
+
 PyObject* new_tensors(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   using recording::g;
   if ((nargs != 4 && nargs != 5) || !PyTuple_Check(args[0]) || !PyList_Check(args[1]) || !PyTuple_Check(args[2]) ||

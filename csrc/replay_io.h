@@ -28,6 +28,10 @@ PyObject* replay_writes(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 // and is returned (Note [Reused gradient wrappers] in replay_io.cpp).
 PyObject* new_tensors(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
+// store_grad(owner, value): ``object.__setattr__(owner, "grad", value)``, skipped where owner's gradient is value
+// already (a reused wrapper: Note [Reused gradient wrappers] in replay_io.cpp).
+PyObject* store_grad(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+
 // leaves_unshared(pairs) -> (safe, keep): for the (storage, data leaf) pairs a CUDA-graph program bound to its
 // static memory (runtime/cuda_graph.py's GraphedProgram._overwritable), whether none is referenced beyond the pair
 // and its storage, and the pairs to remember: those still bound or still referenced.

@@ -285,7 +285,8 @@ class Entry:
                 body.append(f"t{k} = {target}")
             if value is not None:
                 body.append(f"v{k} = {value}")
-            stores.append(store.format(t=f"t{k}", v=f"v{k}"))
+            # a gradient offered for reuse is, where it was reused, already the parameter's: _C.store_grad skips it
+            stores.append(f"_store_grad(t{k}, v{k})" if k in assigned else store.format(t=f"t{k}", v=f"v{k}"))
         body.append(f"result = {renderer.value(plan.result)}")
         body.extend(stores)
         body.append("return result")
@@ -293,7 +294,8 @@ class Entry:
         fn = compile_function("replay", "A", preamble + body, r.consts)
         fn.__globals__.update(_host_steps=_C.host_steps, _storage_inputs=_storage_inputs, _snapshot=to_backing,
                               _write_all=_C.replay_writes, _write_bound=_write_bound,
-                              _new_tensors=_C.new_tensors, _consumed=_consumed, _loads=loads)
+                              _new_tensors=_C.new_tensors, _store_grad=_C.store_grad, _consumed=_consumed,
+                              _loads=loads)
         self.run_source = fn.__lazy_source__
         return fn
 
