@@ -286,11 +286,10 @@ PyObject* probe_hook_fields(PyObject*, PyObject* tensor) {
 }
 
 bool grad_is(PyObject* owner, PyObject* value) {
-  if (!g_direct || g_tensor_type == nullptr || !PyObject_TypeCheck(value, g_tensor_type)) return false;
+  if (!g_direct) return false;
   try {
-    const at::Tensor& grad = raw_impl(owner)->grad();
-    return grad.defined() && grad.unsafeGetTensorImpl() == raw_impl(value) &&
-           grad.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj() == value;
+    const at::Tensor& grad = raw_impl(owner)->grad();  // a TensorImpl's object is its one Python object
+    return grad.defined() && grad.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj() == value;
   } catch (const std::exception&) {
     return false;
   }
