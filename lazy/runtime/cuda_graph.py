@@ -230,6 +230,7 @@ class GraphedProgram:
     def _disable(self, reason: str) -> None:
         self.disabled = reason
         self.graph = None
+        self.pieces = []
         metrics.bump("cuda_graph.disabled")
         log(1, f"lazy: a program of {program_size(self.program)} runs without a CUDA graph: {reason}")
 
@@ -279,7 +280,8 @@ class GraphedProgram:
         stream = torch.cuda.current_stream(device)
         side = torch.cuda.Stream(device)
         side.wait_stream(stream)
-        between = _stand_in if self.between else None  # no collective runs at a capture
+        # no collective runs at a capture: empty tensors stand in for their results in the warm-up
+        between = (lambda call, values, outputs: _empty_results(outputs, device)) if self.between else None
         with torch.cuda.stream(side):  # the warm-up torch.cuda.graph asks for: allocator, library workspaces
             program.launch(self.static_in, scalars, count=False, between=between)
         stream.wait_stream(side)
@@ -338,8 +340,7 @@ class GraphedProgram:
             inputs: List[Any] = [None] * len(values)
             for i in call[4]:  # extern_call's input buffer ids
                 inputs[i] = values[i]
-            static = [(i, torch.empty_strided(shape, strides, dtype=dtype, device=device))
-                      for i, shape, strides, dtype in outputs]
+            static = _empty_results(outputs, device)
             pieces.append((call, inputs, static))
             begin()
             return static
@@ -357,9 +358,9 @@ class GraphedProgram:
         return outs
 
 
-def _stand_in(call: tuple, values: List[Any], outputs: tuple) -> List[tuple]:
-    """A collective's results at a capture's warm-up run: empty tensors (Note [Collectives in a CUDA graph])."""
-    device = next(t for t in values if t is not None).device
+def _empty_results(outputs: tuple, device: torch.device) -> List[tuple]:
+    """(buffer id, empty tensor) for a collective's outputs (buffer id, shape, strides, dtype): what stands in for its
+    results at a capture's warm-up, and the static buffers a replay copies them into."""
     return [(i, torch.empty_strided(shape, strides, dtype=dtype, device=device)) for i, shape, strides, dtype in outputs]
 
 
