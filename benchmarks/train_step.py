@@ -14,12 +14,12 @@ where eager and lazy steps both return before the GPU is done, it is the wall ti
 synchronized at the end, divided by their number:
 
 - eager:         plain PyTorch on the CPU.
-- lazy:          this project; lazy.mark_step() per step, asynchronous execution on (LAZY_ASYNC=1: a step's
-                 program runs while the next step records; at most two programs in flight, so the median step is
-                 the steady-state cost). Compiles and graph-cache hits come from lazy.metrics.counters(). With
-                 --device cuda, the default (LAZY_ASYNC=0): a sync there returns once its program is enqueued (a
-                 CUDA graph once cached), and the GPU runs it while the next step records.
-- lazy-sync:     the same with LAZY_ASYNC=0 (the default): each step records, then runs its program. Its steps are
+- lazy:          this project; lazy.mark_step() per step, asynchronous execution on (the default, LAZY_ASYNC=1:
+                 a step's program runs while the next step records; at most two programs in flight, so the median
+                 step is the steady-state cost). Compiles and graph-cache hits come from lazy.metrics.counters().
+                 With --device cuda a sync returns once its program is enqueued (a CUDA graph once cached), and the
+                 GPU runs it while the next step records.
+- lazy-sync:     the same with LAZY_ASYNC=0: each step records, then runs its program, on all threads. Its steps are
                  also split into recording alone (the step less its program's run, lazy.metrics' run_time_s) and
                  run alone: an asynchronous step can at best take the larger of the two (the table under the others).
 - capture:       the whole step (forward, backward, optimizer) under @lazy.compile: captured at the first step,

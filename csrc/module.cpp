@@ -114,6 +114,8 @@ PyMethodDef methods[] = {
     {"native_done", lazy::native_done, METH_O, "native_done(job) -> whether the launch thread has run it."},
     {"native_wait", lazy::native_wait, METH_O, "native_wait(job): wait (without the GIL) until it has run."},
     {"native_threads", lazy::native_threads, METH_O, "native_threads(job) -> the threads it ran with (0: not yet)."},
+    {"caller_threads", FASTCALL(lazy::caller_threads), METH_FASTCALL,
+     "caller_threads(omp, mkl) -> the calling thread's (omp, mkl) counts before setting them (native_launch.cpp)."},
     {"native_finish", FASTCALL(lazy::native_finish), METH_FASTCALL,
      "native_finish(job, wanted) -> (error bits, [(id, tensor)]) or None (not run: an earlier job failed)."},
     {"run_program", FASTCALL(lazy::run_program), METH_FASTCALL,

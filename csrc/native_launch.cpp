@@ -18,7 +18,6 @@
 
 #include <unistd.h>
 
-#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -43,8 +42,7 @@ struct Job {
   std::vector<int64_t> is;
   uintptr_t lo = 0, hi = 0;
   long long epoch = 0;
-  int threads = 1;      // OpenMP/MKL threads beside the recorder (Note [Thread budget of the worker])
-  int threads_all = 1;  // and while the calling thread waits
+  int threads = 1;       // OpenMP/MKL threads it runs with (Note [Thread budget of the worker])
   int used_threads = 0;  // what it ran with
   std::vector<std::pair<int64_t, std::pair<std::shared_ptr<Job>, int64_t>>> forwards;  // bid <- (job, its bid)
   std::vector<at::Tensor> graveyard;  // buffers the run freed, and memory its pointers reach: dropped with the job
@@ -64,10 +62,9 @@ std::condition_variable& g_work = *new std::condition_variable();  // a job was 
 std::condition_variable& g_done = *new std::condition_variable();  // a job is done
 std::deque<std::shared_ptr<Job>>* g_queue = nullptr;
 long long g_failed_epoch = -1;  // under g_mutex
-std::atomic<int> g_waiting{0};  // calling threads blocked on a job: a job started meanwhile gets all its threads
 pid_t g_pid = 0;
 void (*g_omp_set)(int) = nullptr;
-void (*g_mkl_set)(int) = nullptr;
+int (*g_mkl_set)(int) = nullptr;  // MKL_Set_Num_Threads_Local: returns the calling thread's previous setting
 
 const char* const kJob = "lazy.native_job";
 
@@ -98,7 +95,7 @@ void serve(std::deque<std::shared_ptr<Job>>* queue) {
         j.ptrs[bid] = j.vals[bid].data_ptr();
       }
       if (!j.poisoned) {
-        const int want = g_waiting.load() > 0 ? j.threads_all : j.threads;
+        const int want = j.threads;
         if (want != threads) {  // Note [Thread budget of the worker] in lazy/sync/launch.py
           if (g_omp_set != nullptr) g_omp_set(want);
           if (g_mkl_set != nullptr) g_mkl_set(want);
@@ -138,11 +135,7 @@ void wait_done(Job& j) {
   Py_BEGIN_ALLOW_THREADS
   {
     std::unique_lock<std::mutex> lock(g_mutex);
-    if (!j.done) {
-      ++g_waiting;
-      g_done.wait(lock, [&] { return j.done; });
-      --g_waiting;
-    }
+    g_done.wait(lock, [&] { return j.done; });
   }
   Py_END_ALLOW_THREADS
 }
@@ -165,7 +158,7 @@ PyObject* native_configure(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return nullptr;
   }
   g_omp_set = reinterpret_cast<void (*)(int)>(args[0] == Py_None ? nullptr : PyLong_AsVoidPtr(args[0]));
-  g_mkl_set = reinterpret_cast<void (*)(int)>(args[1] == Py_None ? nullptr : PyLong_AsVoidPtr(args[1]));
+  g_mkl_set = reinterpret_cast<int (*)(int)>(args[1] == Py_None ? nullptr : PyLong_AsVoidPtr(args[1]));
   if (PyErr_Occurred()) return nullptr;
   Py_RETURN_NONE;
 }
@@ -188,15 +181,9 @@ PyObject* native_submit(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   job->lo = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[7]));
   job->hi = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[8]));
   job->epoch = PyLong_AsLongLong(args[9]);
-  if (PyTuple_Check(args[10]) && PyTuple_GET_SIZE(args[10]) == 2) {  // (beside the recorder, while it waits)
-    job->threads = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(args[10], 0)));
-    job->threads_all = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(args[10], 1)));
-  } else {
-    job->threads = job->threads_all = static_cast<int>(PyLong_AsLong(args[10]));
-  }
+  job->threads = static_cast<int>(PyLong_AsLong(args[10]));
   if (PyErr_Occurred()) return nullptr;
-  if (ptrs == nullptr || fs == nullptr || is == nullptr || nscalars < 1 || job->threads < 1 ||
-      job->threads_all < 1) {
+  if (ptrs == nullptr || fs == nullptr || is == nullptr || nscalars < 1 || job->threads < 1) {
     PyErr_SetString(PyExc_ValueError, "native_submit: bad arrays or counts");
     return nullptr;
   }
@@ -249,6 +236,25 @@ PyObject* native_threads(PyObject*, PyObject* capsule) {
   if (job == nullptr) return nullptr;
   std::lock_guard<std::mutex> lock(g_mutex);
   return PyLong_FromLong((*job)->done ? (*job)->used_threads : 0);
+}
+
+PyObject* caller_threads(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "caller_threads(openmp count, mkl count)");
+    return nullptr;
+  }
+  const int omp = static_cast<int>(PyLong_AsLong(args[0]));
+  const int mkl = static_cast<int>(PyLong_AsLong(args[1]));
+  if (PyErr_Occurred()) return nullptr;
+  if (omp < 1 || mkl < 0) {
+    PyErr_SetString(PyExc_ValueError, "caller_threads: counts must be >= 1 (OpenMP) and >= 0 (MKL)");
+    return nullptr;
+  }
+  const int omp_before = at::get_num_threads();  // omp_get_max_threads() of this thread, where ATen uses OpenMP
+  int mkl_before = 0;
+  if (g_omp_set != nullptr) g_omp_set(omp);
+  if (g_mkl_set != nullptr) mkl_before = g_mkl_set(mkl);
+  return Py_BuildValue("(ii)", omp_before, mkl_before);
 }
 
 PyObject* native_wait(PyObject*, PyObject* capsule) {

@@ -18,11 +18,15 @@ PyObject* native_configure(PyObject* self, PyObject* const* args, Py_ssize_t nar
 PyObject* native_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 // native_done(job) -> bool; native_wait(job): until it is done (the GIL released); native_threads(job) -> the
-// OpenMP/MKL threads it ran with (0 until done). ``threads`` of native_submit is a count, or (count beside the
-// recorder, count for a job that starts while the calling thread waits).
+// OpenMP/MKL threads it ran with (0 until done), native_submit's ``threads``.
 PyObject* native_done(PyObject* self, PyObject* job);
 PyObject* native_wait(PyObject* self, PyObject* job);
 PyObject* native_threads(PyObject* self, PyObject* job);
+
+// caller_threads(openmp, mkl) -> (openmp, mkl) before: sets the calling thread's own OpenMP count and MKL count
+// (MKL_Set_Num_Threads_Local: 0 is MKL's global setting) through native_configure's setters, for a program run in
+// place on a thread budget (Note [Thread budget of the worker]); what it returns restores them.
+PyObject* caller_threads(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 // native_finish(job, wanted) -> (error bits, results) as run_program returns them, None where the job did not run
 // (an earlier job of its epoch failed); raises the error an ATen call raised. Waits for the job first.

@@ -36,14 +36,15 @@ KNOBS = (
          "How graphs are compiled: 'cpp' (fused C++/OpenMP kernels), 'triton' (fused Triton kernels: on a CUDA "
          "backing device, or interpreted on the cpu), 'reference' (each node through ATen), or 'auto' (cpp on a cpu "
          "backing device, triton on cuda, reference where triton is not installed)."),
-    Knob("async_execution", False, "LAZY_ASYNC",
-         "1: a mark_step launches its graph on a worker thread and returns; only reading data (.cpu(), .item(), "
-         "print, bool) waits, and lazy.wait_device_ops() waits for all. 0, the default: every sync runs its graph "
-         "before returning (Note [Asynchronous execution] says why).", _bool),
+    Knob("async_execution", True, "LAZY_ASYNC",
+         "1, the default: on a cpu backing device a mark_step launches its graph on a worker thread and returns; only "
+         "reading data (.cpu(), .item(), print, bool) waits, and lazy.wait_device_ops() waits for all (on cuda a sync "
+         "returns once its program is enqueued anyway). 0: every sync runs its graph before returning, on all of the "
+         "calling thread's threads (Note [Asynchronous execution]).", _bool),
     Knob("async_threads", 0, "LAZY_ASYNC_THREADS",
-         "OpenMP/MKL threads of a program launched asynchronously while the calling thread records; 0, the default: "
-         "one fewer than the calling thread's torch.get_num_threads(), at least 1 (Note [Thread budget of the "
-         "worker]). A program the calling thread waits for runs with all of them.", int),
+         "OpenMP/MKL threads of a mark_step's program while async_execution is on, launched or run in place; 0, the "
+         "default: one fewer than the calling thread's torch.get_num_threads(), at least 1 (Note [Thread budget of "
+         "the worker]).", int),
     Knob("async_min_run_us", 150.0, "LAZY_ASYNC_MIN_RUN_US",
          "With async_execution: a program whose fastest synchronous run took less than this many microseconds keeps "
          "running synchronously (launching it would cost the calling thread more than it overlaps: Note [Programs "

@@ -93,10 +93,11 @@ def _train(kind, opt_name, device, steps, compiled):
 def test_training_step_replays_as_eager(kind, opt_name, cpu_backing):
     """20 steps of a whole training step (forward, backward, clipping, optimizer, cosine schedule) captured once and
     replayed: on the reference executor, the same numbers as 20 plain lazy steps to the bit (the replay runs the
-    graph the plain steps record), and eager's within the parity bound of tests/test_training.py; the optimizer's
-    step counters and the learning rate exactly."""
+    graph the plain steps record; every sync on all threads, as a mark_step's would not be under asynchronous
+    execution: Note [Thread budget of the worker]), and eager's within the parity bound of tests/test_training.py;
+    the optimizer's step counters and the learning rate exactly."""
     want = _train(kind, opt_name, "cpu", 20, compiled=False)
-    with lazy.config.override(compiler="reference"):
+    with lazy.config.override(compiler="reference", async_execution=False):
         plain = _train(kind, opt_name, L, 20, compiled=False)
         lazy.metrics.reset()
         got = _train(kind, opt_name, L, 20, compiled=True)

@@ -134,7 +134,8 @@ def entry_of(twin):
 
 
 def test_reused_gradient_equals_plain_lazy_steps_bit_for_bit():
-    """Replays that reuse the wrappers give the numbers plain lazy steps give (both on the reference executor)."""
+    """Replays that reuse the wrappers give the numbers plain lazy steps give (both on the reference executor, the
+    plain steps' mark_step on all threads as a replay's program runs: Note [Thread budget of the worker])."""
     twin = Twin()
     twin.warm()
     twin.check(*twin.step())
@@ -145,7 +146,8 @@ def test_reused_gradient_equals_plain_lazy_steps_bit_for_bit():
         g = torch.Generator().manual_seed(n)
         x, y = torch.randn(8, 20, generator=g), torch.randint(0, 5, (8,), generator=g)
         _step(model, opt, x.to(L), y.to(L))
-        lazy.mark_step()
+        with lazy.config.override(async_execution=False):
+            lazy.mark_step()
     for p, q in zip(model.parameters(), twin.params):
         torch.testing.assert_close(q.grad.cpu(), p.grad.cpu(), rtol=0, atol=0)
         torch.testing.assert_close(q.detach().cpu(), p.detach().cpu(), rtol=0, atol=0)

@@ -18,8 +18,7 @@ L = "lazy"
 
 @pytest.fixture(autouse=True)
 def asynchronous():
-    """Asynchronous execution on (it is off by default), for programs of any length (Note [Programs too short to
-    launch])."""
+    """Asynchronous execution on, for programs of any length (Note [Programs too short to launch])."""
     with lazy.config.override(async_execution=True, async_min_run_us=0):
         yield
 
@@ -148,9 +147,9 @@ def test_a_job_queued_behind_a_failed_one_of_its_epoch_does_not_run():
 
 
 @pytest.mark.skipif(lazy.config.backing_device.startswith("cuda"), reason="the C launch thread runs cpu programs")
-def test_a_job_that_starts_while_the_caller_waits_gets_all_its_threads():
-    """Note [Thread budget of the worker] on the C launch thread: a job that starts while the calling thread records
-    runs on the budget; one that starts while the calling thread is blocked on it gets the caller's count."""
+def test_a_job_runs_with_the_threads_it_was_submitted_with_even_while_the_caller_waits():
+    """Note [Thread budget of the worker] on the C launch thread: the count is the job's, never the timing's; a
+    job that starts while the calling thread is blocked on it keeps its budget."""
     from lazy import _C
 
     seen = []
@@ -168,13 +167,15 @@ def test_a_job_that_starts_while_the_caller_waits_gets_all_its_threads():
             del program.run
     leaves, scalars = seen[0]
     epoch = launch._S.epoch
-    program.finish(program.submit(leaves, [], scalars, epoch, (1, 2)))  # the launch thread is up
-    first = program.submit(leaves, [], scalars, epoch, (1, 2))
+    program.finish(program.submit(leaves, [], scalars, epoch, 1))  # the launch thread is up
+    first = program.submit(leaves, [], scalars, epoch, 1)
     time.sleep(0.005)  # the first has started, the calling thread not yet waiting
-    second = program.submit(leaves, [], scalars, epoch, (1, 2))
+    second = program.submit(leaves, [], scalars, epoch, 1)
     program.finish(second)  # blocked on the second before it starts
     program.finish(first)
-    assert (_C.native_threads(first[0]), _C.native_threads(second[0])) == (1, 2)
+    third = program.submit(leaves, [], scalars, epoch, 2)
+    program.finish(third)
+    assert [_C.native_threads(job[0]) for job in (first, second, third)] == [1, 1, 2]
     torch.testing.assert_close(y.cpu(), (a @ a).sin() @ a, rtol=1e-4, atol=1e-3)
 
 
@@ -394,24 +395,25 @@ def test_the_budget_follows_the_callers_thread_count(two_threads):
     torch.testing.assert_close(y.cpu(), x.cpu() + 1)
 
 
-def test_a_program_the_caller_waits_for_runs_with_all_threads(two_threads):
+def test_a_program_the_caller_waits_for_runs_on_the_budget(two_threads):
     """The first launched run starts while the caller records and holds the worker until the caller waits; the
-    second then starts with the caller blocked, so it gets every thread of the caller's count."""
+    second then starts with the caller blocked, and still runs on the budget (Note [Thread budget of the worker]:
+    results never depend on what overlapped)."""
     x = torch.randn(64).to(L)
 
     runs = []
 
-    def hold_the_first_until_the_caller_waits():
+    def hold_the_first_until_the_second_is_queued():
         runs.append(None)
         deadline = time.monotonic() + 60
-        while len(runs) == 1 and not launch._S.waiting and time.monotonic() < deadline:
+        while len(runs) == 1 and launch._S.queue.empty() and time.monotonic() < deadline:
             time.sleep(0.001)
 
     with lazy.config.override(compiler="reference"):
         y = x - 1
         lazy.mark_step()
         program = graph_cache.latest()
-        seen, started = _spy_runs(program, before=hold_the_first_until_the_caller_waits)
+        seen, started = _spy_runs(program, before=hold_the_first_until_the_second_is_queued)
         try:
             y = x - 1
             lazy.mark_step()
@@ -421,11 +423,55 @@ def test_a_program_the_caller_waits_for_runs_with_all_threads(two_threads):
             lazy.wait_device_ops()
         finally:
             del program.run
-    assert seen == [(True, 1), (True, 2)]
+    assert seen == [(True, 1), (True, 1)]
     assert torch.get_num_threads() == 2
     torch.testing.assert_close(y.cpu(), x.cpu() - 1)
 
 
+def test_a_mark_step_run_in_place_has_the_budget_and_a_read_all_threads(two_threads):
+    """A mark_step's program runs on the budget in place too (its first runs, before it may launch); a sync that
+    reads data runs with the caller's count; the caller's count is restored after either."""
+    x = torch.randn(64).to(L)
+    with lazy.config.override(compiler="reference", async_min_run_us=1e9):  # nothing launches
+        y = x * 3
+        lazy.mark_step()
+        program = graph_cache.latest()
+        seen, _ = _spy_runs(program)
+        try:
+            for _ in range(3):
+                y = x * 3
+                lazy.mark_step()
+        finally:
+            del program.run
+        assert seen == [(False, 1)] * 3
+        assert torch.get_num_threads() == 2
+        (x * 4).sum().item()  # a read: its own program, run in place
+        program = graph_cache.latest()
+        read, _ = _spy_runs(program)
+        try:
+            value = (x * 4).sum().item()
+        finally:
+            del program.run
+    assert read == [(False, 2)]
+    assert torch.get_num_threads() == 2
+    assert value == pytest.approx(float((x.cpu() * 4).sum()), rel=1e-6)
+    torch.testing.assert_close(y.cpu(), x.cpu() * 3)
+
+
+def test_results_do_not_depend_on_whether_a_program_launched(two_threads):
+    """A float sum through ATen splits its work by thread count; a mark_step's program gives the same bits in place
+    (its first runs), launched, and with the launch's timing changed (Note [Thread budget of the worker])."""
+    x = torch.randn(1 << 17)
+    with lazy.config.override(compiler="reference"):
+        got = set()
+        for min_run in (0, 1e9):
+            with lazy.config.override(async_min_run_us=min_run):
+                for _ in range(4):
+                    s = x.to(L).sum()
+                    lazy.mark_step()
+                    got.add(s.item())
+    torch.set_num_threads(1)
+    assert got == {x.sum().item()}  # the budget on 2 threads: 1
 def test_a_placeholder_adopts_an_output_of_another_layout_by_copying():
     p = torch.empty(0)
     p.set_(p.untyped_storage(), 0, (3, 2), (1, 3))

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from ..config import config
 from ..device.tensor import live_storages
 from ..sync import mark_step
 from .expr import E, Renderer, compile_function
@@ -109,7 +110,9 @@ class _Snapshot:
 
     def observe(self, result: Any) -> Dict[str, Any]:
         """The outputs and what the call wrote, as cpu values."""
-        mark_step()
+        # on all of the calling thread's threads, as the replay ran (Note [Thread budget of the worker])
+        with config.override(async_execution=False):
+            mark_step()
         seen: Dict[str, Any] = {"result": _cpu(result)}
         for i, t in enumerate(self.tensors):
             seen[f"tensor {i} ({self.entry.storage_exprs[i]!r})"] = _cpu(t)

@@ -77,7 +77,7 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
             st.failed = st.value
         raise
     # Note [Asynchronous execution] (sync/launch.py): a sync that returns no data launches and returns
-    strides = launch.layout_known(program) if not roots and launch.enabled() else None
+    strides = launch.layout_known(program) if not roots and launch.enabled(device) else None
     if strides is not None and record.CAPTURE is None and not checks:
         launch.check_leaves(lin.leaves)
         outs = launch.launch(program, lin.leaves, lin.scalars, [st.value for st in pending], strides,
@@ -85,8 +85,9 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
     else:
         launch.ready_all(lin.leaves)
         start = time.perf_counter()
-        try:
-            outs = program.run(lin.leaves, lin.scalars)
+        try:  # Note [Thread budget of the worker]: a sync returning no data runs as its launched runs do
+            outs = launch.run_in_place(program, lin.leaves, lin.scalars, device) if not roots else \
+                program.run(lin.leaves, lin.scalars)
         except Exception:
             # Eager would have raised at the op; here the graph raised. Its values stay IR (using them raises
             # again), but later mark_steps skip them, so one failed graph does not make every later step fail.

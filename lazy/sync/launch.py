@@ -17,12 +17,12 @@ A program launches asynchronously only once it has run synchronously: that run s
 If a later run returns other strides, the worker copies into storage of the promised layout, so a graph keyed
 on the placeholder's strides never reads another layout.
 
-On the cpu the worker's kernels (ctypes calls, ATen externs) release the GIL, so they run beside the recorder;
-on cuda the worker enqueues on the stream that was current at the launch. But between its kernels a Python worker
-runs Python (the program's loop, extern calls, settling its outputs), and each time it takes the GIL back while the
-recorder runs Python the two hand it over (Note [The GIL between recorder and worker]). On cuda, where a program's
-host work is Python launching kernels, recording the 6x384 GPT step at batch 8 took 58 ms per step beside the
-worker against 26 ms alone (an H100). A cpu program that runs in C (Note [Programs run in C] in csrc/runner.cpp)
+The worker's kernels (ctypes calls, ATen externs) release the GIL, so they run beside the recorder. But between
+its kernels a Python worker runs Python (the program's loop, extern calls, settling its outputs), and each time it
+takes the GIL back while the recorder runs Python the two hand it over (Note [The GIL between recorder and
+worker]). This serves the cpu backing device only: on cuda a sync returns once its program is enqueued on the
+stream, and a worker there, whose host work is Python launching kernels, only fought the recorder for the GIL
+(recording the 6x384 GPT step at batch 8 took 58 ms per step beside it against 26 ms alone, on an H100). A program that runs in C (Note [Programs run in C] in csrc/runner.cpp)
 therefore launches onto a C++ thread that never takes the GIL (Note [Launches on a C thread] in
 csrc/native_launch.cpp): the calling thread prepares the run (``Program.submit``: buffers, pointers, scalars, one
 of two arenas taken in turn) and settles it when it next retires or waits (``Program.finish``; the placeholders
@@ -31,8 +31,9 @@ flight produces is forwarded from that job's outputs when the next one starts. O
 time (a launch of the other kind waits for the ones in flight), so programs still run in launch order. Measured
 with train_step.py's models at 1 thread on an AMD EPYC with 2 cores (benchmarks/README.md), an asynchronous step
 costs 1.08-1.10x the larger of recording and running in the median (1.27-1.37x through the Python worker), with
-programs shorter than a launch is worth run in place (Note [Programs too short to launch]). Execution is
-synchronous unless ``async_execution`` is set.
+programs shorter than a launch is worth run in place (Note [Programs too short to launch]). It is on by default
+(``async_execution``); the thread count of every run is fixed by the sync, not by timing, so results do not depend
+on what overlapped (Note [Thread budget of the worker]).
 
 An execution that raises poisons those launched before the calling thread learns of it (they may read its
 outputs); the error is raised at the next sync or wait, naming the launching line, and the synced storages get
@@ -74,21 +75,27 @@ _LAYOUTS: "Dict[int, list]" = {}
 # Note [Thread budget of the worker]
 # The worker's program and the recorder share the cores. OpenMP sizes a parallel region by the nthreads setting of
 # the thread that opens it (a per-thread ICV): the generated kernels' loops, ATen's parallel_for and oneDNN all
-# follow it, and MKL follows its own per-thread setting (MKL_Set_Num_Threads_Local). So the worker sets its own two
-# before each program, and nothing of the calling thread's changes: ``thread_budget`` threads while the calling
-# thread records, all of the calling thread's (torch.get_num_threads() at the launch, so torch.set_num_threads is
-# followed) for a program the calling thread is already waiting for. The budget is one fewer than that count: on
-# 2 cores the worker's kernels take one and the recorder keeps the other. Measured with train_step.py's models at
-# 2 threads on the 2-core cpu (median step, ms, budget 1 / budget 2 / in place): cnn 6.7 / 16.0 / 16.1, encoder
-# 4.7 / 4.7 / 4.7, gpt 5.4 / 5.6 / 5.2, mlp 1.9 / 1.9 / 1.5: a team of two on the worker takes the recorder's core
-# (and its idle threads spin, GOMP_SPINCOUNT, before they sleep). Not spinning at all (OMP_WAIT_POLICY=PASSIVE,
-# fixed when the OpenMP runtime loads, so not ours to set) was slower: encoder 7.7 and gpt 8.9 ms launched, each
-# region waking its team. The calling thread waits on an Event (a futex), never spinning against the worker. A
-# program the caller reads at once has usually started on the budget before the caller waits: reductions.py's
-# softmax step at 4096x1024 took 4.3 ms launched against 3.1 ms in place at 2 threads.
-# ``async_threads`` sets another budget. A runtime not found in torch/lib is left alone. The C launch thread (Note
-# [Launches on a C thread]) follows the same rule through the same setters: a job that starts while a calling thread
-# is blocked on a job gets all of the caller's threads.
+# follow it, and MKL follows its own per-thread setting (MKL_Set_Num_Threads_Local). So a program that may overlap
+# recording runs with ``thread_budget`` threads, one fewer than the calling thread's torch.get_num_threads() (at
+# least one; ``async_threads`` sets another budget): on 2 cores the worker's kernels take one and the recorder keeps
+# the other. Measured with train_step.py's models at 2 threads on the 2-core cpu (median step, ms, budget 1 / budget
+# 2 / in place): cnn 6.7 / 16.0 / 16.1, encoder 4.7 / 4.7 / 4.7, gpt 5.4 / 5.6 / 5.2, mlp 1.9 / 1.9 / 1.5: a team of
+# two on the worker takes the recorder's core (and its idle threads spin, GOMP_SPINCOUNT, before they sleep). Not
+# spinning at all (OMP_WAIT_POLICY=PASSIVE, fixed when the OpenMP runtime loads, so not ours to set) was slower:
+# encoder 7.7 and gpt 8.9 ms launched, each region waking its team. The calling thread waits on an Event (a
+# futex), never spinning against the worker.
+# The count is a function of the sync, never of timing, because results depend on it: ATen's reductions split their
+# work by thread count (a float sum of 10^5 values differs in its last bits between 1 and 2 threads), and whether a
+# program launches (Note [Programs too short to launch]) or finds the calling thread already waiting are timings.
+# So while asynchronous execution is on, every run of a program that a sync returning no data runs (a mark_step's:
+# ``budget_threads``) has the budget, launched or in place (``run_in_place`` sets the calling thread's own two
+# counts for the run and restores them). What overlaps nothing runs on the calling thread with all of its threads: a
+# sync that reads data (.item() of pending IR), a capture's run and its replays (lazy/capture/: a replay's program
+# runs during the call). The same script gives the same bits at every run; a replay gives those of the plain run it
+# replaces synced at the same count (LAZY_CAPTURE_VERIFY syncs its plain run with asynchronous execution off). What
+# the budget costs: a mark_step's program read at once overlaps nothing, yet runs on the budget (reductions.py's
+# softmax step at 4096x1024: 4.3 ms against 3.1 ms at 2 threads). A runtime not found in torch/lib is left alone.
+# The C launch thread (Note [Launches on a C thread]) uses the same setters.
 # NOTE: MKL's C entry point takes the count by value; its lower-case name is the Fortran one (a pointer).
 _THREAD_CONTROL: Optional[tuple] = None  # (omp_set_num_threads or None, MKL_Set_Num_Threads_Local or None)
 
@@ -109,7 +116,7 @@ def _thread_control() -> tuple:
                 except (OSError, AttributeError):
                     continue
             if fn is not None:
-                fn.argtypes, fn.restype = [ctypes.c_int], None
+                fn.argtypes, fn.restype = [ctypes.c_int], (None if name == "omp_set_num_threads" else ctypes.c_int)
             found.append(fn)
         _THREAD_CONTROL = tuple(found)
     return _THREAD_CONTROL
@@ -119,6 +126,38 @@ def thread_budget(threads: int) -> int:
     """OpenMP/MKL threads of a program launched beside a recorder whose torch.get_num_threads() is ``threads``."""
     budget = int(config.async_threads)
     return max(1, min(budget, threads) if budget > 0 else threads - 1)
+
+
+def budget_threads(device: torch.device) -> Optional[int]:
+    """The threads of a program that a sync returning no data runs on ``device`` (Note [Thread budget of the
+    worker]): the budget while asynchronous execution is on, None where that is the calling thread's own count."""
+    if not enabled(device):
+        return None
+    threads = torch.get_num_threads()
+    budget = thread_budget(threads)
+    return None if budget == threads else budget
+
+
+def run_in_place(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any], device: torch.device) -> Any:
+    """``program.run`` on the calling thread, with the threads a launched run of it would have (Note [Thread budget
+    of the worker])."""
+    threads = budget_threads(device)
+    if threads is None:
+        return program.run(leaves, scalars)
+    _configure()
+    before = _C.caller_threads(threads, threads)
+    try:
+        return program.run(leaves, scalars)
+    finally:
+        _C.caller_threads(*before)
+
+
+def _configure() -> None:
+    """Give the C side the thread-count setters (the C launch thread and ``caller_threads`` call them)."""
+    if not _S.configured:
+        omp, mkl = _thread_control()
+        _C.native_configure(*(ctypes.cast(fn, ctypes.c_void_p).value if fn is not None else None for fn in (omp, mkl)))
+        _S.configured = True
 
 
 def _set_threads(n: int) -> None:
@@ -138,16 +177,15 @@ class StepFailed(RuntimeError):
 class Execution:
     """One launched program: what it runs on, the placeholders it fills, and when it is done."""
 
-    __slots__ = ("program", "leaves", "scalars", "outputs", "synced", "where", "epoch", "seq", "stream", "threads",
-                 "done", "error", "job", "out_bids")
+    __slots__ = ("program", "leaves", "scalars", "outputs", "synced", "where", "epoch", "seq", "threads", "done",
+                 "error", "job", "out_bids")
 
     def __init__(self, program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any],
-                 outputs: List[torch.Tensor], synced: list, where: str, epoch: int, seq: int, stream: Any,
-                 threads: tuple) -> None:
+                 outputs: List[torch.Tensor], synced: list, where: str, epoch: int, seq: int, threads: int) -> None:
         self.program, self.leaves, self.scalars = program, leaves, scalars
         self.outputs, self.synced, self.where = outputs, synced, where
-        self.epoch, self.seq, self.stream = epoch, seq, stream
-        self.threads = threads  # (beside the recorder, while the calling thread waits): Note [Thread budget ...]
+        self.epoch, self.seq = epoch, seq
+        self.threads = threads  # Note [Thread budget of the worker]
         self.done = threading.Event()
         self.error: Optional[BaseException] = None
         self.job: Any = None  # a run on the C launch thread (Note [Launches on a C thread] in csrc/native_launch.cpp)
@@ -165,19 +203,20 @@ class _State:
         self.epoch = 0  # bumped when the calling thread learns of a failure
         self.seq = 0  # launches so far
         self.worker: Optional[threading.Thread] = None
-        self.waiting = False  # the calling thread is blocked on an execution (Note [Thread budget of the worker])
         self.user_interval: Optional[float] = None  # sys.getswitchinterval() while programs are in flight
         self.pid = os.getpid()
         self.native = False  # the executions in flight are on the C launch thread (else the Python worker)
-        self.configured = False  # the C launch thread knows the thread-count setters
+        self.configured = False  # the C side knows the thread-count setters
+        self.settles = False  # settle() runs at exit
 
 
 _S = _State()
 
 
-def enabled() -> bool:
-    """Whether syncs launch asynchronously (``lazy.config.async_execution``)."""
-    return bool(config.async_execution)
+def enabled(device: torch.device) -> bool:
+    """Whether a sync on ``device`` may launch asynchronously (``lazy.config.async_execution``, on the cpu: on cuda
+    a sync returns once its program is enqueued on the stream anyway)."""
+    return device.type == "cpu" and bool(config.async_execution)
 
 
 # Note [Programs too short to launch]
@@ -225,7 +264,7 @@ def launch(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any],
     dtypes, ``strides`` their strides). ``synced`` lists (storage, IR value) pairs given these outputs."""
     _check_fork()
     retire()
-    native = device.type == "cpu" and getattr(program, "launchable", None) is not None and program.launchable()
+    native = getattr(program, "launchable", None) is not None and program.launchable()
     if _S.running and native != _S.native:  # one worker at a time, so that programs run in launch order
         _wait(_S.running[-1])
     _S.native = native
@@ -233,24 +272,24 @@ def launch(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any],
         _wait(_S.running[0])
     outputs = _C.placeholders([(_like(node.dtype, device), tuple(node.shape), tuple(stride))
                                for node, stride in zip(nodes, strides)])
-    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-    threads = torch.get_num_threads()
     _S.seq += 1
-    ex = Execution(program, leaves, scalars, outputs, synced, where, _S.epoch, _S.seq, stream,
-                   (thread_budget(threads), threads))
+    ex = Execution(program, leaves, scalars, outputs, synced, where, _S.epoch, _S.seq,
+                   thread_budget(torch.get_num_threads()))
     for p in outputs:
         _S.inflight[id(p)] = ex
     if not _S.running and _S.user_interval is None:
         _S.user_interval = sys.getswitchinterval()
         sys.setswitchinterval(min(SWITCH_INTERVAL_S, _S.user_interval))
     _S.running.append(ex)
+    if not _S.settles:  # a thread that dies at exit mid-kernel would take the process with it
+        atexit.register(settle)
+        _S.settles = True
     if native:
         _submit(ex, program, leaves, scalars)
     else:
         if _S.worker is None:
             _S.worker = threading.Thread(target=_work, args=(_S.queue,), name="lazy-launch", daemon=True)
             _S.worker.start()
-            atexit.register(settle)
         _S.queue.put(ex)
     metrics.bump("async.launched")
     return outputs
@@ -259,11 +298,7 @@ def launch(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any],
 def _submit(ex: Execution, program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any]) -> None:
     """Queue ``ex`` on the C launch thread (Note [Launches on a C thread] in csrc/native_launch.cpp): a leaf that an
     execution in flight produces is read from that execution's job when this one starts."""
-    if not _S.configured:
-        omp, mkl = _thread_control()
-        _C.native_configure(*(ctypes.cast(fn, ctypes.c_void_p).value if fn is not None else None for fn in (omp, mkl)))
-        _S.configured = True
-        atexit.register(settle)
+    _configure()
     forwards = []
     for bid, t in zip(program.leaf_ids, leaves):
         src = _S.inflight.get(id(t))
@@ -323,17 +358,12 @@ def _work(q: "queue.SimpleQueue[Execution]") -> None:
         if ex.epoch <= failed_epoch:
             ex.error = StepFailed("an earlier asynchronously launched graph failed, and this one may read its outputs")
         else:
-            want = ex.threads[1] if _S.waiting else ex.threads[0]
-            if want != threads:
-                _set_threads(want)
-                threads = want
+            if ex.threads != threads:
+                _set_threads(ex.threads)
+                threads = ex.threads
             start = time.perf_counter()
             try:
-                if ex.stream is not None:
-                    with torch.cuda.stream(ex.stream):
-                        outs = ex.program.run(ex.leaves, ex.scalars)
-                else:
-                    outs = ex.program.run(ex.leaves, ex.scalars)
+                outs = ex.program.run(ex.leaves, ex.scalars)
                 _adopt_all(ex.outputs, outs)
                 ex.synced = None  # the IR it replaced is needed only to recover from a failure
                 metrics.bump("async.run_time_s", time.perf_counter() - start)
@@ -402,17 +432,13 @@ def check_leaves(tensors: Sequence[torch.Tensor]) -> None:
 def _wait(ex: Execution) -> None:
     if not ex.done.is_set():
         start = time.perf_counter()
-        _S.waiting = True
-        try:
-            if ex.job is not None:  # settled in launch order, up to ``ex``
-                for e in list(_S.running):
-                    _complete(e)
-                    if e is ex:
-                        break
-            else:
-                ex.done.wait()
-        finally:
-            _S.waiting = False
+        if ex.job is not None:  # settled in launch order, up to ``ex``
+            for e in list(_S.running):
+                _complete(e)
+                if e is ex:
+                    break
+        else:
+            ex.done.wait()
         metrics.bump("async.wait_time_s", time.perf_counter() - start)
         metrics.bump("async.waits")
     retire()  # FIFO: everything launched before ``ex`` is done too
