@@ -17,10 +17,19 @@ L = "lazy"
 
 
 @pytest.fixture(autouse=True)
-def asynchronous():
-    """Asynchronous execution on, for programs of any length (Note [Programs too short to launch])."""
+def asynchronous(cpu_backing):
+    """Asynchronous execution on, for programs of any length (Note [Programs too short to launch]); on the cpu
+    backing device, which it serves, also when the suite runs with LAZY_BACKING_DEVICE=cuda."""
     with lazy.config.override(async_execution=True, async_min_run_us=0):
         yield
+
+
+def test_a_sync_on_cuda_never_launches():
+    """On cuda a sync returns once its program is enqueued on the stream: no worker (Note [Asynchronous
+    execution])."""
+    assert launch.enabled(torch.device("cpu")) and not launch.enabled(torch.device("cuda"))
+    with lazy.config.override(async_execution=False):
+        assert not launch.enabled(torch.device("cpu"))
 
 
 def _steps(n, fn, x):
@@ -55,7 +64,6 @@ def _native_runs():
     return metrics.counter("cpp.native_runs")
 
 
-@pytest.mark.skipif(lazy.config.backing_device.startswith("cuda"), reason="the C launch thread runs cpu programs")
 def test_programs_that_run_in_c_launch_on_the_c_thread_reading_what_earlier_jobs_produce():
     """Note [Launches on a C thread]: each step reads the last step's output while that step may still be in flight
     (its leaf is forwarded from the earlier job); two programs alternate, so jobs of both are in flight at once."""
@@ -85,7 +93,6 @@ def test_programs_that_run_in_c_launch_on_the_c_thread_reading_what_earlier_jobs
         assert torch.equal(g, w)
 
 
-@pytest.mark.skipif(lazy.config.backing_device.startswith("cuda"), reason="the C launch thread runs cpu programs")
 def test_a_failure_on_the_c_thread_surfaces_once_and_the_values_stay_failed():
     """A kernel's error on the C launch thread is raised at the next sync or wait, once; the value stays failed;
     later steps run."""
@@ -111,7 +118,6 @@ def test_a_failure_on_the_c_thread_surfaces_once_and_the_values_stay_failed():
     del y, info
 
 
-@pytest.mark.skipif(lazy.config.backing_device.startswith("cuda"), reason="the C launch thread runs cpu programs")
 def test_a_job_queued_behind_a_failed_one_of_its_epoch_does_not_run():
     """Note [Launches on a C thread]: jobs run in launch order; once one fails, the ones of its epoch queued behind it
     are not run (they may read its outputs) until the calling thread has learned of it (a new epoch)."""
@@ -146,7 +152,6 @@ def test_a_job_queued_behind_a_failed_one_of_its_epoch_does_not_run():
     torch.testing.assert_close(y.cpu(), table[[2, 3]] + 1)
 
 
-@pytest.mark.skipif(lazy.config.backing_device.startswith("cuda"), reason="the C launch thread runs cpu programs")
 def test_a_job_runs_with_the_threads_it_was_submitted_with_even_while_the_caller_waits():
     """Note [Thread budget of the worker] on the C launch thread: the count is the job's, never the timing's; a
     job that starts while the calling thread is blocked on it keeps its budget."""
@@ -235,9 +240,6 @@ def test_training_with_asynchronous_steps_equals_eager():
         torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.skipif(lazy.config.backing_device.startswith("cuda"),
-                    reason="an index out of range is a device-side assert on cuda, fatal to the process's CUDA "
-                           "context, as in eager")
 def test_an_asynchronous_failure_surfaces_once_and_poisons_what_read_it():
     table = torch.randn(4, 3).to(L)
     with lazy.config.override(compiler="reference"):
