@@ -163,6 +163,38 @@ int tensor_layout(PyObject* tensor, PyObject** shape, PyObject** stride) {
   return 0;
 }
 
+bool exact_layout(PyObject* tensor, std::vector<int64_t>* layout, int* scalar_type) {
+  c10::TensorImpl* impl = Py_TYPE(tensor) == g_tensor_type ? plain_impl(tensor) : nullptr;
+  if (impl == nullptr) return false;
+  try {
+    c10::IntArrayRef sizes = impl->sizes();
+    c10::IntArrayRef strides = impl->strides();
+    layout->assign(sizes.begin(), sizes.end());
+    layout->insert(layout->end(), strides.begin(), strides.end());
+    *scalar_type = static_cast<int>(impl->dtype().toScalarType());
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+bool exact_layout_is(PyObject* tensor, const std::vector<int64_t>& layout, int scalar_type) {
+  c10::TensorImpl* impl = Py_TYPE(tensor) == g_tensor_type ? plain_impl(tensor) : nullptr;
+  if (impl == nullptr) return false;
+  try {
+    c10::IntArrayRef sizes = impl->sizes();
+    c10::IntArrayRef strides = impl->strides();
+    const size_t dim = sizes.size();
+    if (layout.size() != 2 * dim || static_cast<int>(impl->dtype().toScalarType()) != scalar_type) return false;
+    for (size_t i = 0; i < dim; ++i) {
+      if (layout[i] != sizes[i] || layout[dim + i] != strides[i]) return false;
+    }
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 int host_tensor_matches(PyObject* tensor, PyObject* shape, PyObject* stride, long long offset, const char* device,
                         long long index, int requires_grad) {
   c10::TensorImpl* impl = PyTuple_Check(shape) && PyTuple_Check(stride) ? plain_impl(tensor) : nullptr;

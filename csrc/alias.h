@@ -4,6 +4,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <cstdint>
+#include <vector>
+
 namespace c10 {
 struct TensorImpl;
 }  // namespace c10
@@ -39,6 +42,12 @@ bool inference_mode_enabled();
 // tuple(tensor.shape) and tuple(tensor.stride()) of a tensor with plain sizes and strides, read from its TensorImpl
 // (any other tensor: through Python). Returns 0 with two new references, or -1 with a Python error set.
 int tensor_layout(PyObject* tensor, PyObject** shape, PyObject** stride);
+
+// The sizes then the strides of an exact torch.Tensor (no subclass) with plain sizes and strides, and its dtype's
+// c10::ScalarType, into *layout and *scalar_type: true; false for any other tensor (never raises).
+bool exact_layout(PyObject* tensor, std::vector<int64_t>* layout, int* scalar_type);
+// Whether exact_layout(tensor) holds and gives ``layout`` and ``scalar_type`` (never raises).
+bool exact_layout_is(PyObject* tensor, const std::vector<int64_t>& layout, int scalar_type);
 
 // Whether a plain torch.Tensor has these sizes, strides, storage offset, device (type name as torch.device.type
 // gives it, index or -1) and requires_grad: 1 or 0; -1 where it cannot tell from the TensorImpl (not a tensor, a

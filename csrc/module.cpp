@@ -9,6 +9,7 @@
 #include "capture_hook.h"
 #include "graph.h"
 #include "ir.h"
+#include "leaf_templates.h"
 #include "outputs.h"
 #include "record.h"
 #include "replay_io.h"
@@ -87,7 +88,8 @@ PyMethodDef methods[] = {
     {"leaves_unshared", lazy::leaves_unshared, METH_O,
      "leaves_unshared(pairs) -> (safe, keep): the reference check of a CUDA-graph replay (csrc/replay_io.cpp)."},
     {"new_tensors", FASTCALL(lazy::new_tensors), METH_FASTCALL,
-     "new_tensors(descs, outs, indices, numels[, owners]): new lazy tensors over data leaves of outs[indices[j]], or "
+     "new_tensors(descs, outs, indices, numels[, owners[, templates]]): new lazy tensors over data leaves of "
+     "outs[indices[j]], or "
      "owners[j]'s gradient given that value where nothing else sees it (csrc/replay_io.cpp)."},
     {"store_grad", FASTCALL(lazy::store_grad), METH_FASTCALL,
      "store_grad(owner, value): object.__setattr__(owner, 'grad', value) unless it holds value (csrc/replay_io.cpp)."},
@@ -149,8 +151,10 @@ PyMethodDef methods[] = {
     {"host_steps", FASTCALL(lazy::host_steps), METH_FASTCALL,
      "host_steps(tensors, adds, values) -> list or None: step counters updated and read (csrc/replay_io.cpp)."},
     {"replay_writes", FASTCALL(lazy::replay_writes), METH_FASTCALL,
-     "replay_writes(tensors, outs, indices): bind outs[indices[j]] to tensors[j]'s storage; the number of new "
-     "leaves (csrc/replay_io.cpp)."},
+     "replay_writes(tensors, outs, indices[, templates]): bind outs[indices[j]] to tensors[j]'s storage; the number "
+     "of new leaves (csrc/replay_io.cpp)."},
+    {"leaf_templates", lazy::leaf_templates, METH_O,
+     "leaf_templates(n): templates for the data leaves of n places of a replay (csrc/leaf_templates.cpp)."},
     {"take_buffers", FASTCALL(lazy::take_buffers), METH_FASTCALL,
      "take_buffers(allocs, spares, values, ptrs, empty): a program's fresh buffers, spares reused (csrc/outputs.cpp)."},
     {"capture_hook_supported", lazy::capture_hook_supported, METH_NOARGS,

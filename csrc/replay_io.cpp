@@ -6,7 +6,9 @@
 // 0.5 us a read (an attribute walk and a call) and 1.5 us a write (a data leaf built through Node's constructor,
 // tuple(shape), tuple(stride), the version bump), most of what a small step's replay costs besides its program.
 // Here a read is the same walk in C (tensor._lz_st.value.data) and a write builds the leaf from the TensorImpl's
-// sizes and strides (alias.cpp); both take the whole list in one call. What they do is what the Python did: a read
+// sizes and strides (alias.cpp), or from the fields of the leaf made at the same place before where the output's
+// layout is that leaf's (Note [Data leaves from templates] in leaf_templates.cpp); both take the whole list in one
+// call. What they do is what the Python did: a read
 // of a storage still holding IR raises the replay's Pending (sync, then replay), two inputs that share one storage
 // raise Miss (the capture saw distinct ones: its graph does not hold for this call), checked before the replay
 // changes anything.
@@ -14,6 +16,7 @@
 
 #include "alias.h"
 #include "ir.h"
+#include "leaf_templates.h"
 #include "record_state.h"
 
 #include <algorithm>
@@ -112,14 +115,17 @@ PyObject* replay_inputs(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 }
 
 PyObject* replay_writes(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 3 || !is_sequence(args[0]) || !PyList_Check(args[1]) || !PyTuple_Check(args[2]) ||
+  if ((nargs != 3 && nargs != 4) || !is_sequence(args[0]) || !PyList_Check(args[1]) || !PyTuple_Check(args[2]) ||
       PySequence_Fast_GET_SIZE(args[0]) != PyTuple_GET_SIZE(args[2])) {
-    PyErr_SetString(PyExc_TypeError, "replay_writes(tensors, outs: list, indices: tuple of the same length)");
+    PyErr_SetString(PyExc_TypeError, "replay_writes(tensors, outs: list, indices: tuple of the same length[, "
+                                     "templates])");
     return nullptr;
   }
   PyObject** tensors = PySequence_Fast_ITEMS(args[0]);
   Py_ssize_t n = PyTuple_GET_SIZE(args[2]);
   Py_ssize_t num_outs = PyList_GET_SIZE(args[1]);
+  LeafTemplates* places = nargs == 4 ? templates_of(args[3], n) : nullptr;  // Note [Data leaves from templates]
+  if (nargs == 4 && places == nullptr) return nullptr;
   Py_ssize_t made = 0;
   for (Py_ssize_t j = 0; j < n; ++j) {
     Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[2], j));
@@ -137,7 +143,7 @@ PyObject* replay_writes(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       Py_DECREF(st);
       continue;
     }
-    PyObject* leaf = make_data_leaf(out);
+    PyObject* leaf = places != nullptr ? leaf_at(places, j, out) : make_data_leaf(out);
     if (leaf == nullptr) {
       Py_DECREF(st);
       return nullptr;
@@ -390,17 +396,20 @@ PyObject* store_grad(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 PyObject* new_tensors(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   using recording::g;
-  if ((nargs != 4 && nargs != 5) || !PyTuple_Check(args[0]) || !PyList_Check(args[1]) || !PyTuple_Check(args[2]) ||
+  if (nargs < 4 || nargs > 6 || !PyTuple_Check(args[0]) || !PyList_Check(args[1]) || !PyTuple_Check(args[2]) ||
       !PyTuple_Check(args[3]) || PyTuple_GET_SIZE(args[2]) != PyTuple_GET_SIZE(args[0]) ||
       PyTuple_GET_SIZE(args[3]) != PyTuple_GET_SIZE(args[0]) ||
-      (nargs == 5 && (!PyTuple_Check(args[4]) || PyTuple_GET_SIZE(args[4]) != PyTuple_GET_SIZE(args[0]))) ||
+      (nargs >= 5 && args[4] != Py_None &&
+       (!PyTuple_Check(args[4]) || PyTuple_GET_SIZE(args[4]) != PyTuple_GET_SIZE(args[0]))) ||
       g.make_wrapper == nullptr) {
     PyErr_SetString(PyExc_TypeError, "new_tensors(descs: tuple, outs: list, indices: tuple, numels: tuple[, owners: "
-                                     "tuple]), all of one length, once configured");
+                                     "tuple or None[, templates]]), all of one length, once configured");
     return nullptr;
   }
   const Py_ssize_t n = PyTuple_GET_SIZE(args[0]);
-  PyObject* owners = nargs == 5 ? args[4] : nullptr;
+  PyObject* owners = nargs >= 5 && args[4] != Py_None ? args[4] : nullptr;
+  LeafTemplates* places = nargs == 6 ? templates_of(args[5], n) : nullptr;  // Note [Data leaves from templates]
+  if (nargs == 6 && places == nullptr) return nullptr;
   struct Item {
     PyObject* desc;
     PyObject* out;
@@ -437,7 +446,7 @@ PyObject* new_tensors(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     it.count = PyLong_AsLongLong(it.numel);
     if (it.count == -1 && PyErr_Occurred()) return nullptr;
     it.out = PyList_GET_ITEM(args[1], i);
-    it.leaf = make_data_leaf(it.out);
+    it.leaf = places != nullptr ? leaf_at(places, j, it.out) : make_data_leaf(it.out);
     if (it.leaf == nullptr) return nullptr;
   }
   bool any = false;

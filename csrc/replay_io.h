@@ -17,15 +17,17 @@ PyObject* data_leaf_py(PyObject* self, PyObject* tensor);
 // one holds pending IR, ``miss`` if two share a storage.
 PyObject* replay_inputs(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
-// replay_writes(tensors, outs, indices) -> int: binds outs[indices[j]] as a data leaf to tensors[j]'s storage and
-// bumps its version, for each j, keeping a leaf that already holds that tensor (Note [Rebinding written in place]);
-// returns the number of new leaves.
+// replay_writes(tensors, outs, indices[, templates]) -> int: binds outs[indices[j]] as a data leaf to tensors[j]'s
+// storage and bumps its version, for each j, keeping a leaf that already holds that tensor (Note [Rebinding written
+// in place]); returns the number of new leaves. ``templates`` (leaf_templates(len(indices))) makes the leaves from
+// the fields of those made at the same place before (Note [Data leaves from templates] in leaf_templates.cpp).
 PyObject* replay_writes(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
-// new_tensors(descs, outs, indices, numels[, owners]) -> tuple: lazy/device/tensor.py's new_tensor(descs[j], a data
-// leaf of outs[indices[j]], numels[j]) for each j, in C and in one call (a replay's new tensors: a step's gradients).
-// Where owners[j] is a tensor whose gradient nothing else can see, that gradient's wrapper takes the value instead
-// and is returned (Note [Reused gradient wrappers] in replay_io.cpp).
+// new_tensors(descs, outs, indices, numels[, owners[, templates]]) -> tuple: lazy/device/tensor.py's
+// new_tensor(descs[j], a data leaf of outs[indices[j]], numels[j]) for each j, in C and in one call (a replay's new
+// tensors: a step's gradients). Where owners (a tuple, or None) has at j a tensor whose gradient nothing else can
+// see, that gradient's wrapper takes the value instead and is returned (Note [Reused gradient wrappers] in
+// replay_io.cpp). ``templates`` as for replay_writes.
 PyObject* new_tensors(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 // store_grad(owner, value): ``object.__setattr__(owner, "grad", value)``, skipped where owner's gradient is value

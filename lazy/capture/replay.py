@@ -110,10 +110,10 @@ def _storage_inputs(tensors: tuple) -> list:
     return data
 
 
-def _write_bound(program: Any, tensors: tuple, outs: list, indices: tuple) -> None:
+def _write_bound(program: Any, tensors: tuple, outs: list, indices: tuple, templates: Any) -> None:
     """``replay_writes`` for a program that keeps what it binds (a CUDA graph's static memory): it learns of the
     new leaves (none where every write was in place: Note [Rebinding written in place] in csrc/replay_io.cpp)."""
-    if _C.replay_writes(tensors, outs, indices):
+    if _C.replay_writes(tensors, outs, indices, templates):
         program.bound(tensors, outs, indices)
 
 
@@ -250,9 +250,11 @@ class Entry:
             if plan.mutated:
                 targets = "(" + "".join(f"{r.expr(e)}, " for _, e in plan.mutated) + ")"
                 indices = r.const(tuple(i for i, _ in plan.mutated))
+                # Note [Data leaves from templates] (csrc/leaf_templates.cpp): one per storage written
+                templates = r.const(_C.leaf_templates(len(plan.mutated)))
                 # a CUDA-graph program keeps what it bound to its static memory (Note [CUDA-graph replay])
-                body.append(f"_write_bound({r.const(self.program)}, {targets}, O, {indices})"
-                            if hasattr(self.program, "bound") else f"_write_all({targets}, O, {indices})")
+                body.append(f"_write_bound({r.const(self.program)}, {targets}, O, {indices}, {templates})"
+                            if hasattr(self.program, "bound") else f"_write_all({targets}, O, {indices}, {templates})")
         made: Dict[int, str] = {}
         created = list((plan.created or {}).items())
         for tid, (i, desc, numel) in created:
@@ -266,12 +268,13 @@ class Entry:
             descs = r.const(tuple(desc for _, (_, desc, _) in created))
             indices = r.const(tuple(i for _, (i, _, _) in created))
             numels = r.const(tuple(numel for _, (_, _, numel) in created))
-            owners = ""
+            owners = "None"
             if reused:  # Note [Reused gradient wrappers]: each parameter whose old gradient may take the new value
                 for tid, k in reused.items():
                     body.append(f"t{k} = {r.expr(s.effects[k].target)}")
-                owners = ", (" + "".join(f"t{reused[tid]}, " if tid in reused else "None, " for tid, _ in created) + ")"
-            body.append(f"({names}) = _new_tensors({descs}, O, {indices}, {numels}{owners})")
+                owners = "(" + "".join(f"t{reused[tid]}, " if tid in reused else "None, " for tid, _ in created) + ")"
+            templates = r.const(_C.leaf_templates(len(created)))  # Note [Data leaves from templates]
+            body.append(f"({names}) = _new_tensors({descs}, O, {indices}, {numels}, {owners}, {templates})")
         # Every value is computed before the first store: the expressions read the state as the call found it
         # (reads after the function's own stores were resolved at capture), which the stores change.
         renderer = _Values(r, made, plan, breaks)
