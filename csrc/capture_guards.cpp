@@ -5,9 +5,10 @@
 // arguments: A[i], its attributes and items, objects the capture holds. The Python check (lazy/capture/replay.py)
 // renders them as one generated expression; a GuardProgram is the same check as a list of instructions over
 // registers: loads (an argument, a constant, an attribute, an item) and tests (identity, exact type, equality with
-// the expected value's exact type, truth, None-ness, length, absence of a key or an attribute, a lazy tensor's
-// signature, a call of a Python helper compared with its expected result, the global state: grad and inference mode
-// read from c10, the rest through the readers replay.global_state calls). A program answers what the Python check
+// the expected value's exact type, truth, None-ness, length, absence of a key or an attribute, a dict's keys (Note
+// [Key guards in C] in guard_reads.cpp), a lazy tensor's signature, a call of a Python helper compared with its
+// expected result, the global state: grad and inference mode read from c10, the rest through the readers
+// replay.global_state calls). A program answers what the Python check
 // answers: the conjunction of every test, where a load or test that raises counts as false (the Python check's
 // ``except Exception: return False``); its tests have no side effects beyond those of the loads the Python check also
 // makes, so the order does not change the answer. Each load happens once per call, into its register, as the Python
@@ -42,7 +43,7 @@ enum Op : int {
   kAbsent,      // a not in r[src]
   kHasAttr,     // hasattr(r[src], a) is bool(n) (an exception other than AttributeError: false)
   kCallEq,      // a(r[src]) == b; a() == b when src < 0
-  kCallTrue,    // a(r[src], b) is True
+  kKeys,        // tuple(r[src].keys()) holds the keys b, in order; a: torch.Tensor (Note [Key guards in C])
   kLazyTensor,  // r[src] is a lazy tensor whose signature (policy.tensor_signature) equals b
   kState,       // replay.global_state() == b: grad and inference mode from c10, b[2:] == tuple(f() for f in a)
   kItemReg,     // r[dst] = r[src][r[n]] (a key the program loaded: optimizer.state[param])
@@ -189,13 +190,8 @@ int step(const Ins& ins, PyObject** r, PyObject* A, GuardProgram* p) {
       Py_DECREF(v);
       return eq;
     }
-    case kCallTrue: {
-      PyObject* v = PyObject_CallFunctionObjArgs(ins.a, x, ins.b, nullptr);
-      if (v == nullptr) return -1;
-      int ok = v == Py_True;
-      Py_DECREF(v);
-      return ok;
-    }
+    case kKeys:
+      return keys_are(x, ins.b, ins.a);
     case kLazyTensor:
       return lazy_tensor_matches(x, ins.b, p->lazy_type, ins.memo >= 0 ? &(*p->tensors)[ins.memo] : nullptr);
     case kHostTensor:
@@ -372,6 +368,7 @@ PyObject* guard_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         ((ins.op == kArg || ins.op == kConst || ins.op == kAttr || ins.op == kItem || ins.op == kItemReg ||
           ins.op == kBinary || ins.op == kCall) && ins.dst < 0) ||
         (ins.op == kCall && !PyCallable_Check(a)) || (ins.op == kMethodIs && !PyUnicode_Check(a)) ||
+        (ins.op == kKeys && (!PyType_Check(a) || !PyTuple_Check(b))) ||
         (ins.op == kGradIsNone && !Py_IS_TYPE(b, &PyGetSetDescr_Type)) ||
         ((ins.op == kItemReg || ins.op == kBinary || ins.op == kIsReg) && (ins.n < 0 || ins.n >= nregs)) ||
         (ins.op == kBinary && (!PyLong_Check(a) || PyLong_AsLong(a) < 0 || PyLong_AsLong(a) >= kNumBinary)) ||

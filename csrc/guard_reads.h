@@ -51,6 +51,9 @@ int method_is(PyObject* x, PyObject* name, PyObject* fn);
 int grad_is_none(PyObject* x, PyObject* disabled_tf, PyObject* grad_descr);
 // Python's x == y then bool: 1, 0, or -1 on an error.
 int equal(PyObject* x, PyObject* y);
+// tuple(d.keys()) holds the keys ``expected`` (a tuple), in order, each the same object or of the same type, equal
+// and not an instance of ``tensor_type``: 1, 0, or -1 on an error (Note [Key guards in C]).
+int keys_are(PyObject* d, PyObject* expected, PyObject* tensor_type);
 // hasattr(x, name): 1, 0, or -1 on an error other than AttributeError.
 int has_attr(PyObject* x, PyObject* name);
 // t is a lazy tensor whose signature ("lazy", desc, requires_grad, chained, numel) equals expected: 1, 0, or -1.

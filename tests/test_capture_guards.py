@@ -12,7 +12,7 @@ from lazy.capture.expr import E, Renderer
 from lazy.capture.function import state_of
 from lazy.capture.guards import OP, _Builder, compile_guards
 from lazy.capture.guards import tensor_signature
-from lazy.capture.replay import STATE_CALLS, _keys_same, _python_check, global_state
+from lazy.capture.replay import STATE_CALLS, _python_check, global_state
 
 L = "lazy"
 
@@ -31,7 +31,7 @@ class Raises:
 def check_both(guards, A, state=None):
     """(C answer, Python answer, residual guards) for ``guards`` on the bound arguments ``A``."""
     state = global_state() if state is None else state
-    program, residual = compile_guards(state, guards, STATE_CALLS, _keys_same, tensor_signature)
+    program, residual = compile_guards(state, guards, STATE_CALLS, tensor_signature)
     rest = _python_check(Renderer(), [((k, e), v) for k, e, v in residual], None) if residual else None
     c = bool(program(A)) and (rest is None or bool(rest(A)))
     python = bool(_python_check(Renderer(), [((k, e), v) for k, e, v in guards], state)(A))
@@ -40,6 +40,34 @@ def check_both(guards, A, state=None):
 
 A0 = X.arg(0)
 HELD = Obj(a=1)
+KEY = torch.zeros(())
+
+
+class Keyed:
+    """An object whose ``keys()`` returns what it was given."""
+
+    def __init__(self, keys):
+        self._keys = keys
+
+    def keys(self):
+        return self._keys
+
+
+class KeysRaise:
+    def keys(self):
+        raise RuntimeError("keys() that raises")
+
+
+def _reordered():
+    d = collections.OrderedDict(a=1, b=2)
+    d.move_to_end("a")  # dict's own order is still a, b
+    return d
+
+
+def _bypassed():
+    d = collections.OrderedDict(a=1, b=2)
+    dict.__delitem__(d, "b")  # a key dict holds no more, still in the OrderedDict's order
+    return d
 NAN = float("nan")
 
 
@@ -124,6 +152,14 @@ CASES = [
     ("isnone", [("isnone", A0, True)], [(None,)], [(0,), ("",)]),
     ("len", [("len", A0, 2)], [([1, 2],), ((3, 4),), ("ab",)], [([1],), (3,)]),
     ("keys", [("keys", A0, ("a", "b"))], [({"a": 1, "b": 2},)], [({"b": 2, "a": 1},), ({"a": 1},), ([],)]),
+    # Note [Key guards in C]: keys() of what has one, in its order; equal keys of one type that are not tensors
+    ("keys of other mappings", [("keys", A0, ("a", "b"))],
+     [(collections.OrderedDict(a=1, b=2),), (Keyed(["a", "b"]),), ({"".join(["a"]): 1, "b": 2},)],
+     [(_reordered(),), (_bypassed(),), (Keyed(["a"]),), (Keyed(None),), (KeysRaise(),), ("ab",), (None,)]),
+    ("keys of one type", [("keys", A0, (1, "x", 2.5))], [({1: 0, "x": 0, 2.5: 0},)],
+     [({1.0: 0, "x": 0, 2.5: 0},), ({True: 0, "x": 0, 2.5: 0},), (Keyed([1, "x", 2]),)]),
+    ("keys that are tensors", [("keys", A0, (KEY,))], [({KEY: 0},)], [(Keyed([torch.zeros(())]),)]),
+    ("no keys", [("keys", A0, ())], [({},), (collections.OrderedDict(),)], [(_bypassed(),), ({0: 0},)]),
     ("absent", [("absent", A0, "k")], [({"j": 1},), ([],)], [({"k": 1},), (3,)]),
     ("noattr", [("noattr", A0, "a")], [(Obj(b=1),), (Raises(),)], [(Obj(a=None),)]),
     ("hasattr", [("hasattr", A0, ("a", True))], [(Obj(a=1),)], [(Obj(),)]),
@@ -240,7 +276,7 @@ def test_gradient_guards():
     for guards, hits, misses in ((is_none, without + [overriding, Obj(grad=None)], with_ + [Obj(grad=1), Obj()]),
                                  (has_grad, with_ + [Obj(grad=1)], without + [overriding, Obj(grad=None), Obj()])):
         builder = _Builder()
-        assert builder.guard(*guards[0], _keys_same, tensor_signature)
+        assert builder.guard(*guards[0], tensor_signature)
         assert [ins[0] for ins in builder.code] == [OP["arg"], OP["grad_is_none"]]
         for A in hits:
             assert check_both(guards, (A,))[:2] == (True, True), A
@@ -258,7 +294,7 @@ def test_host_tensor_signature():
     t = torch.randn(2, 3)
     base = torch.randn(10)
     guards = [("tensor", A0, tensor_signature(t))]
-    program, residual = compile_guards(global_state(), guards, STATE_CALLS, _keys_same, tensor_signature)
+    program, residual = compile_guards(global_state(), guards, STATE_CALLS, tensor_signature)
     assert not residual
     for other, want in ((torch.randn(2, 3), True), (torch.randn(3, 2), False), (t.t(), False),
                         (torch.randn(2, 3, dtype=torch.float64), False), (t.to(L), False),
@@ -462,7 +498,7 @@ def test_memoized_loads_follow_every_change():
     try:
         for memos in (True, False):
             _C.set_guard_memos(memos)
-            program, residual = compile_guards(global_state(), guards, STATE_CALLS, _keys_same, tensor_signature)
+            program, residual = compile_guards(global_state(), guards, STATE_CALLS, tensor_signature)
             assert not residual
             answers = []
             for what, change in _state_changes(net, opts, tensor, mod, other):

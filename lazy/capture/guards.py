@@ -22,7 +22,7 @@ from .expr import E
 
 # The instruction set, in the order of csrc/capture_guards.cpp's enum Op.
 OPS = ("arg", "const", "attr", "item", "is", "type_is", "eq", "truth", "is_none", "len", "absent", "has_attr",
-       "call_eq", "call_true", "lazy_tensor", "state", "item_reg", "host_tensor", "binary",
+       "call_eq", "keys", "lazy_tensor", "state", "item_reg", "host_tensor", "binary",
        "call", "is_reg", "method_is", "grad_is_none")
 OP = {name: i for i, name in enumerate(OPS)}
 # Python's operators the program computes, in the order of csrc/capture_guards.cpp's enum Binary (Note [Arithmetic
@@ -106,7 +106,7 @@ class _Builder:
         Python check's constants are)."""
         return self.load(x if type(x) is E else E("obj", x))
 
-    def guard(self, kind: str, e: E, expected: Any, keys_same: Any, tensor_signature: Any) -> bool:
+    def guard(self, kind: str, e: E, expected: Any, tensor_signature: Any) -> bool:
         if kind == "id" and isinstance(expected, types.FunctionType) and e.op == "attr" and e.args[1] == "__func__" \
                 and type(e.args[0]) is E and e.args[0].op == "attr":  # Note [Method guards] (guard_reads.cpp)
             obj = self.load(e.args[0].args[0])
@@ -142,7 +142,7 @@ class _Builder:
         elif kind == "len":
             self.emit("len", src=src, n=expected)
         elif kind == "keys":
-            self.emit("call_true", src=src, a=keys_same, b=expected)
+            self.emit("keys", src=src, a=torch.Tensor, b=tuple(expected))  # Note [Key guards in C]
         elif kind == "tensor" and type(expected) is tuple and expected and expected[0] == "lazy":
             self.emit("lazy_tensor", src=src, b=expected)
         elif kind == "tensor" and type(expected) is tuple and len(expected) == 7 and expected[0] == "host":
@@ -169,7 +169,7 @@ def _function(f: Any) -> Any:
     return f
 
 
-def compile_guards(state: tuple, guards: List[Guard], state_calls: tuple, keys_same: Any,
+def compile_guards(state: tuple, guards: List[Guard], state_calls: tuple,
                    tensor_signature: Any) -> Tuple[Any, List[Guard]]:
     """(program, residual): the program checks the global state (``state``: grad mode, inference mode, then the
     values of ``state_calls``, as replay.global_state() reads them) and every guard it can express; the residual
@@ -178,7 +178,7 @@ def compile_guards(state: tuple, guards: List[Guard], state_calls: tuple, keys_s
     b.emit("state", a=tuple(state_calls), b=state)
     residual = []
     for kind, e, expected in guards:
-        if b.attempt(lambda: b.guard(kind, e, expected, keys_same, tensor_signature)) is None:
+        if b.attempt(lambda: b.guard(kind, e, expected, tensor_signature)) is None:
             residual.append((kind, e, expected))
     return b.program(), residual
 

@@ -178,7 +178,7 @@ class Entry:
     def _compile_check(self, s: Session) -> Callable[[tuple], bool]:
         """The guard program, then the Python check of the guards it cannot express (if any)."""
         guards = [(kind, e, expected) for (kind, e), expected in s.guards.items()]
-        program, residual = compile_guards(self.state, guards, STATE_CALLS, _keys_same, tensor_signature)
+        program, residual = compile_guards(self.state, guards, STATE_CALLS, tensor_signature)
         self.guard_program = program
         self.residual_guards = residual
         if not residual:
@@ -253,8 +253,9 @@ class Entry:
                 # Note [Data leaves from templates] (csrc/leaf_templates.cpp): one per storage written
                 templates = r.const(_C.leaf_templates(len(plan.mutated)))
                 # a CUDA-graph program keeps what it bound to its static memory (Note [CUDA-graph replay])
-                body.append(f"_write_bound({r.const(self.program)}, {targets}, O, {indices}, {templates})"
-                            if hasattr(self.program, "bound") else f"_write_all({targets}, O, {indices}, {templates})")
+                writes = f"{targets}, O, {indices}, {templates}"
+                body.append(f"_write_bound({r.const(self.program)}, {writes})" if hasattr(self.program, "bound")
+                            else f"_write_all({writes})")
         made: Dict[int, str] = {}
         created = list((plan.created or {}).items())
         for tid, (i, desc, numel) in created:
