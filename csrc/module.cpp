@@ -93,6 +93,8 @@ PyMethodDef methods[] = {
      "owners[j]'s gradient given that value where nothing else sees it (csrc/replay_io.cpp)."},
     {"store_grad", FASTCALL(lazy::store_grad), METH_FASTCALL,
      "store_grad(owner, value): object.__setattr__(owner, 'grad', value) unless it holds value (csrc/replay_io.cpp)."},
+    {"store_grads", FASTCALL(lazy::store_grads), METH_FASTCALL,
+     "store_grads(owners, values): store_grad of each pair in order, in one call (csrc/replay_io.cpp)."},
     {"reused_grads", lazy::reused_grads, METH_NOARGS,
      "How many gradient wrappers new_tensors gave a new value instead of making a tensor (csrc/replay_io.cpp)."},
     {"grad_holders", lazy::grad_holders, METH_O,

@@ -380,17 +380,38 @@ StorageObject* storage_in(PyObject* tensor) {
 // A reused wrapper is ``p.grad`` already: storing it again through torch's setter (~0.36 us: its argument checks)
 // binds what is there, so store_grad skips the store where ``owner.grad`` is torch's slot and holds ``value``, and
 // else stores as ``object.__setattr__(owner, "grad", value)`` does.
+namespace {
+
+// store_grad's store of one value: 0, or -1 with an error set.
+int store_one_grad(PyObject* owner, PyObject* value) {
+  if (plain_grad_slot(owner) && grad_is(owner, value)) return 0;
+  PyObject* name = s_grad_name != nullptr ? Py_NewRef(s_grad_name) : PyUnicode_InternFromString("grad");
+  if (name == nullptr) return -1;
+  const int failed = PyObject_GenericSetAttr(owner, name, value);
+  Py_DECREF(name);
+  return failed != 0 ? -1 : 0;
+}
+
+}  // namespace
+
 PyObject* store_grad(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 2) {
     PyErr_SetString(PyExc_TypeError, "store_grad(owner, value)");
     return nullptr;
   }
-  if (plain_grad_slot(args[0]) && grad_is(args[0], args[1])) Py_RETURN_NONE;
-  PyObject* name = s_grad_name != nullptr ? Py_NewRef(s_grad_name) : PyUnicode_InternFromString("grad");
-  if (name == nullptr) return nullptr;
-  const int failed = PyObject_GenericSetAttr(args[0], name, args[1]);
-  Py_DECREF(name);
-  if (failed != 0) return nullptr;
+  if (store_one_grad(args[0], args[1]) != 0) return nullptr;
+  Py_RETURN_NONE;
+}
+
+PyObject* store_grads(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[1]) ||
+      PyTuple_GET_SIZE(args[0]) != PyTuple_GET_SIZE(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "store_grads(owners: tuple, values: tuple of the same length)");
+    return nullptr;
+  }
+  for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(args[0]); ++j) {
+    if (store_one_grad(PyTuple_GET_ITEM(args[0], j), PyTuple_GET_ITEM(args[1], j)) != 0) return nullptr;
+  }
   Py_RETURN_NONE;
 }
 

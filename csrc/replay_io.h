@@ -33,6 +33,9 @@ PyObject* new_tensors(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 // store_grad(owner, value): ``object.__setattr__(owner, "grad", value)``, skipped where owner's gradient is value
 // already (a reused wrapper: Note [Reused gradient wrappers] in replay_io.cpp).
 PyObject* store_grad(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+// store_grads(owners, values): store_grad(owners[j], values[j]) for each j in order, in one call (a replay's stores
+// of its new gradients); what raises stops it there, as the calls one by one would.
+PyObject* store_grads(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 // leaves_unshared(pairs) -> (safe, keep): for the (storage, data leaf) pairs a CUDA-graph program bound to its
 // static memory (runtime/cuda_graph.py's GraphedProgram._overwritable), whether none is referenced beyond the pair

@@ -131,3 +131,21 @@ def test_a_captured_step_equals_plain_lazy_steps():
         torch.testing.assert_close(a.cpu(), b.cpu(), rtol=0, atol=0)
         torch.testing.assert_close(a.grad.cpu(), b.grad.cpu(), rtol=0, atol=0)
     lazy.compile.reset()
+
+
+def test_store_grads_stores_in_order_as_setattr_does():
+    """_C.store_grads is object.__setattr__(p, "grad", g) pair by pair: a gradient already there stays (skipped), a
+    new one is stored, a store that raises stops the run there."""
+    ps = [torch.zeros(2, device=L, requires_grad=True) for _ in range(3)]
+    kept = torch.ones(2, device=L)
+    ps[0].grad = kept
+    new = [kept, torch.full((2,), 2.0, device=L), torch.full((3,), 3.0, device=L)]  # the last: a wrong shape
+    with pytest.raises(RuntimeError):
+        _C.store_grads(tuple(ps), tuple(new))
+    assert ps[0].grad is kept and ps[1].grad is new[1] and ps[2].grad is None
+    with pytest.raises(RuntimeError):
+        object.__setattr__(ps[2], "grad", new[2])  # what setattr raises
+    _C.store_grads(tuple(ps[:2]), (None, None))
+    assert ps[0].grad is None and ps[1].grad is None
+    with pytest.raises(TypeError):
+        _C.store_grads(tuple(ps), (None,))

@@ -289,19 +289,38 @@ class Entry:
                 body.append(f"t{k} = {target}")
             if value is not None:
                 body.append(f"v{k} = {value}")
-            # a gradient offered for reuse is, where it was reused, already the parameter's: _C.store_grad skips it
-            stores.append(f"_store_grad(t{k}, v{k})" if k in assigned else store.format(t=f"t{k}", v=f"v{k}"))
+            # a gradient offered for reuse is, where it was reused, already the parameter's: _C.store_grads skips it
+            stores.append((k,) if k in assigned else store.format(t=f"t{k}", v=f"v{k}"))
         body.append(f"result = {renderer.value(plan.result)}")
-        body.extend(stores)
+        body.extend(_batched_grad_stores(stores))
         body.append("return result")
         preamble, loads = _loads_in_c(r)
         fn = compile_function("replay", "A", preamble + body, r.consts)
         fn.__globals__.update(_host_steps=_C.host_steps, _storage_inputs=_storage_inputs, _snapshot=to_backing,
                               _write_all=_C.replay_writes, _write_bound=_write_bound,
-                              _new_tensors=_C.new_tensors, _store_grad=_C.store_grad, _consumed=_consumed,
+                              _new_tensors=_C.new_tensors, _store_grads=_C.store_grads, _consumed=_consumed,
                               _loads=loads)
         self.run_source = fn.__lazy_source__
         return fn
+
+
+def _batched_grad_stores(stores: list) -> List[str]:
+    """The store lines, each run of consecutive stores of offered gradients (``(k,)``: ``t{k}.grad = v{k}`` through
+    _C.store_grad) as one _C.store_grads call over the run, in the same order."""
+    lines: List[str] = []
+    run: List[int] = []
+    for store in stores + [None]:
+        if type(store) is tuple:
+            run.append(store[0])
+            continue
+        if run:
+            owners = "".join(f"t{k}, " for k in run)
+            values = "".join(f"v{k}, " for k in run)
+            lines.append(f"_store_grads(({owners}), ({values}))")
+            run = []
+        if store is not None:
+            lines.append(store)
+    return lines
 
 
 def _loads_in_c(r: Renderer) -> tuple:
