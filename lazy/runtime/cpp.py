@@ -271,8 +271,7 @@ class Program:
                threads: Any) -> tuple:
         """Prepare a run on the calling thread (its own arena, buffers, pointers and scalars: an earlier run of this
         program may still be in flight) and queue it on the launch thread; ``forwards`` (buffer id, job, the job's
-        buffer id) are leaves an earlier job produces; ``threads`` a count or (beside the recorder, while the caller
-        waits). What ``finish`` takes."""
+        buffer id) are leaves an earlier job produces; ``threads`` its OpenMP/MKL count. What ``finish`` takes."""
         arena, ptrs, views = self._launch_set()
         values: List[Any] = [None] * self.num_buffers
         for bid, t in views:
