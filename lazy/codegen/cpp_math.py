@@ -29,6 +29,7 @@ special values.
 """
 from __future__ import annotations
 
+import struct
 from fractions import Fraction
 from math import factorial
 from typing import List, Sequence
@@ -258,6 +259,57 @@ LZ_INL double lz_trig_fast_f(double x, const int64_t cosine) {{
 }}
 """
 
+# sin(r) = r + r z S(z) and cos(r) = 1 - z/2 + z^2 C(z), z = r^2, for |r| <= 0.7875 (pi/4 and the slack of a
+# rounded quotient): mpmath.chebyfit at 50 digits of (sin r - r) / r^3 and (cos r - 1 + z/2) / z^2, rounded to
+# float32 (relative error of sin 1.8e-11, absolute of cos 7.8e-10, before rounding)
+SIN_F32 = ("-0x1.555556p-3f", "0x1.11110ep-7f", "-0x1.a01396p-13f", "0x1.6db868p-19f")
+COS_F32 = ("0x1.555554p-5f", "-0x1.6c12c8p-10f", "0x1.9bd2ccp-16f")
+TRIG_F32_BOUND = 2.0 ** 16  # |x| below it takes the float path (Note [Float32 trig])
+# pi/2 = P1 + D + D3 + O(2^-76): P1 and D are float32(pi/2) and float32(pi/2 - P1); tests/test_cpp_math.py checks them
+TRIG_F32_PI2 = ("0x1.921fb6p0f", "-0x1.777a5cp-25f", "-0x1.ee59dap-50f")
+
+# Note [Float32 trig]
+# The vector variants (Note [Trig vector variant]) evaluate |x| < TRIG_F32_BOUND = 2^16 in float: 8 lanes per AVX2
+# op where the double path takes 4 (the double path's vector op count per float is twice as large under AVX2, and
+# the pointwise chain waits on 40 of them: 16 x 16, AVX2, 1 thread: MEASURED_16). x = q pi/2 + r with q = rint(x 2/pi)
+# (the add of 1.5 * 2^23, as in lz_exp_f32: q's low bits, the quadrant, are then those of t), |r| <= pi/4 (+ 2^-9,
+# the rounding of x * float(2/pi)); r is carried as s + rl:
+# - a = x - q P1 is exact (one FMA): it is a multiple of 2^-23 (|x| >= 1) or 2^-24 (q != 0 means |x| >= 0.78) below
+#   1 in magnitude;
+# - q D = ph + pl exactly (the FMA gives the product's rounding error), and s + e = a - ph exactly by Fast2Sum: a is
+#   a multiple of ulp(ph) (|ph| < 2^-8 for |q| < 2^16), which makes the sum exact where |a| < |ph| and Dekker's
+#   condition hold otherwise; e - pl is exact (multiples of 2^-48, below 2^-26);
+# - rl = e - pl - q D3, rounded once: its error and the rest of pi/2 (|q| 2^-76) are below |q| 2^-73 <= 2^-57,
+#   2^-29 of the smallest |r| of a float32 below 2^20 (2^-27.8, at x = 0x1.f9cbe2p+7): the bound is where this
+#   argument leaves that margin (the exhaustive check below finds no result more than 1 ulp off up to 2^22, where
+#   the rint stops being exact).
+# Then sin r = s + (rl (1 - z/2) + s z S(z)) and cos r = u + ((1 - z/2 - u) - s rl + z^2 C(z)) with u = 1 - z/2
+# rounded (its error exact by an FMA, z = s^2), both rounded once at the end, and the quadrant's (q + cosine) low bit
+# picks one and its second bit the sign. Checked exhaustively (every float32 below 2^16 in magnitude, both signs,
+# against libm's double sin/cos rounded once, AVX2 and AVX-512 builds alike): at most 0.79 ulp from the exact value,
+# so within 1 ulp of the correctly rounded one, which it is not for 0.2 % of them (4.7 M sines, 4.3 M cosines of
+# 2.3 G; the double path: 50 of 2^33). sin(+-0) = +-0 through a select (x - 0 P1 - 0 D gives +0 for -0); inf and
+# NaN give NaN.
+_TRIG_F32 = r"""
+LZ_INL float lz_trig_f32(float x, const uint32_t cosine) {{
+  const float t = LZ_FMAF(x, 0x1.45f306p-1f, 0x1.8p23f);  // q = rint(x 2/pi): an integer in the low bits of t
+  const float q = t - 0x1.8p23f;
+  const float a = LZ_FMAF(-q, {P1}, x);  // exact
+  const float ph = q * {D}, pl = LZ_FMAF(q, {D}, -ph);  // q D exactly
+  const float s = a - ph, e = (a - s) - ph;  // Fast2Sum: s + e = a - ph exactly
+  const float rl = LZ_FMAF(-q, {D3}, e - pl);  // r = s + rl
+  const float z = s * s, z2 = z * z;
+  const float sp = LZ_FMAF(z2, LZ_FMAF(z, {S3}, {S2}), LZ_FMAF(z, {S1}, {S0}));  // Estrin: latency
+  const float sn = s + LZ_FMAF(s * z, sp, LZ_FMAF(-0.5f * z, rl, rl));
+  const float hs = -0.5f * s, u = LZ_FMAF(hs, s, 1.0f);
+  const float cp = LZ_FMAF(z2, {C2}, LZ_FMAF(z, {C1}, {C0}));
+  const float cs = u + LZ_FMAF(z2, cp, LZ_FMAF(-s, rl, LZ_FMAF(hs, s, 1.0f - u)));
+  const uint32_t n = lz_asu(t) + cosine;  // the quadrant in the low bits
+  const float y = (int32_t)(n << 31) < 0 ? cs : sn;  // NOTE: a blend on the sign bit, no compare
+  return lz_asf(lz_asu(y) ^ (n >> 1 << 31));
+}}
+"""
+
 # Note [Trig vector variant]
 # An auto-vectorized body cannot branch per vector, so the branch-free float32 sin/cos (lz_trig_f) make every lane
 # pay the exact reduction. Where g++ targets AVX-512 or AVX2, lz_sin/lz_cos(float) are instead declared (not
@@ -288,16 +340,27 @@ LZ_INL double lz_trig_fast_f(double x, const int64_t cosine) {{
 #   pi/2 (the same argument holds to ~2^32: 2^24 leaves margin, and larger values are rare in practice).
 # The exact paths, shared by sin and cos (compiled once: they are most of the code), and the entry points.
 _TRIG_EXACT = r"""
-static __attribute__((noinline)) float lz_trig_exact_1(float x, int64_t cosine) { return (float)lz_trig_f(x, cosine); }
+static __attribute__((noinline)) float lz_trig_mid_1(float x, int64_t cosine) {
+  return lz_trig_large(x) ? (float)lz_trig_f(x, cosine) : (float)lz_trig_fast_f(x, cosine);
+}
 static __attribute__((noinline)) lz_vsf lz_trig_exact_v(lz_vsf v, lz_vsf o, int64_t cosine) {
 #pragma omp simd
   for (int i = 0; i < LZ_TRIG_V; ++i) o[i] = lz_trig_large(v[i]) ? (float)lz_trig_f(v[i], cosine) : o[i];
   return o;
 }
+static __attribute__((noinline)) lz_vsf lz_trig_mid_v(lz_vsf v, lz_vsf o, int64_t cosine) {
+  int large = 0;
+#pragma omp simd reduction(|:large)
+  for (int i = 0; i < LZ_TRIG_V; ++i) {
+    o[i] = lz_trig_mid(v[i]) ? (float)lz_trig_fast_f(v[i], cosine) : o[i];
+    large |= lz_trig_large(v[i]);
+  }
+  return __builtin_expect(large, 0) ? lz_trig_exact_v(v, o, cosine) : o;
+}
 """
 _TRIG_SCALAR = r"""
 extern "C" __attribute__((noinline, used, visibility("hidden"))) float lz_{N}_1(float x) {{
-  const float y = lz_trig_large(x) ? lz_trig_exact_1(x, {C}) : (float)lz_trig_fast_f(x, {C});
+  const float y = lz_trig_mid(x) ? lz_trig_mid_1(x, {C}) : lz_trig_f32(x, {C});
   return {ZERO}y;
 }}
 __asm__(".globl _Z6lz_{N}f\n\t.hidden _Z6lz_{N}f\n\t.set _Z6lz_{N}f, lz_{N}_1");
@@ -307,14 +370,12 @@ __asm__(".globl _Z6lz_{N}f\n\t.hidden _Z6lz_{N}f\n\t.set _Z6lz_{N}f, lz_{N}_1");
 _TRIG_VECTOR = r"""
 extern "C" __attribute__((noinline, used, visibility("hidden"))) lz_vsf {CLONE}_Z6lz_{N}f(lz_vsf v) {{
   lz_vsf o;
-  int large = 0;
-#pragma omp simd reduction(|:large)
+#pragma omp simd
   for (int i = 0; i < LZ_TRIG_V; ++i) {{
-    const float x = v[i], y = (float)lz_trig_fast_f(x, {C});
+    const float x = v[i], y = lz_trig_f32(x, {C});
     o[i] = {ZERO}y;
-    large |= lz_trig_large(x);
   }}
-  return __builtin_expect(large, 0) ? lz_trig_exact_v(v, o, {C}) : o;
+  return __builtin_expect(lz_trig_any_mid(v), 0) ? lz_trig_mid_v(v, o, {C}) : o;
 }}
 """
 # the vector-function-ABI prefix of each width's clone: 'e' AVX-512 (zmm), 'd' AVX2 (ymm), unmasked, one vector arg
@@ -343,9 +404,24 @@ _TRIG_GUARD = r"""
 #define LZ_TRIG_V 8
 #endif
 typedef float lz_vsf __attribute__((vector_size(LZ_TRIG_V * 4)));
+typedef int32_t lz_vsi __attribute__((vector_size(LZ_TRIG_V * 4)));
+// some lane has |x| >= TRIG_F32_BOUND, inf or NaN (a compare and a mask move: the reduction g++ makes of a lane
+// loop's "any" costs more than the float path's select and sign together)
+LZ_INL int lz_trig_any_mid(lz_vsf v) {
+  const lz_vsi bits = (lz_vsi)v & 0x7fffffff;
+#if LZ_TRIG_V == 16
+  return __builtin_ia32_pcmpgtd512_mask(bits, (lz_vsi){} + ({F32_BOUND_BITS} - 1), 0xffff);
+#else
+  return __builtin_ia32_movmskps256((lz_vsf)(bits > {F32_BOUND_BITS} - 1));
+#endif
+}
 LZ_INL bool lz_trig_large(float x) {  // finite and |x| >= TRIG_FAST_BOUND: the exact path's values
   const float ax = __builtin_fabsf(x);
   return ax >= {BOUND} && ax <= 0x1.fffffep127f;
+}
+LZ_INL bool lz_trig_mid(float x) {  // finite and |x| >= TRIG_F32_BOUND: the values of the double paths
+  const float ax = __builtin_fabsf(x);
+  return ax >= {F32_BOUND} && ax <= 0x1.fffffep127f;
 }
 #else
 #define LZ_TRIG_V 0
@@ -451,7 +527,11 @@ def _source() -> str:
     parts.append(_TRIG_F.format(WINDOWS=_windows(), SIN=horner("z", [-x for x in _taylor(3, 13, 2, sign=True)]),
                                 COS=horner("z", [-x for x in _taylor(2, 14, 2, sign=True)])))
     parts.append(_TRIG_FAST_F.format(**{f"C{i}": c for i, c in enumerate(SIN_HALF_PI)}))
-    parts.append(_TRIG_GUARD.replace("{BOUND}", _BOUND))
+    parts.append(_TRIG_F32.format(P1=TRIG_F32_PI2[0], D=TRIG_F32_PI2[1], D3=TRIG_F32_PI2[2],
+                                  **{f"S{i}": c for i, c in enumerate(SIN_F32)},
+                                  **{f"C{i}": c for i, c in enumerate(COS_F32)}))
+    parts.append(_TRIG_GUARD.replace("{BOUND}", _BOUND).replace("{F32_BOUND}", TRIG_F32_BOUND.hex() + "f")
+                 .replace("{F32_BOUND_BITS}", hex(struct.unpack("<I", struct.pack("<f", TRIG_F32_BOUND))[0])))
     parts.append(_PUBLIC)
     return "".join(parts)
 
