@@ -22,12 +22,14 @@ pytestmark = pytest.mark.usefixtures("cpp_compiler")
 
 MATH_FNS = ("exp", "expm1", "log", "log1p", "tanh", "sigmoid", "sin", "cos", "erf")
 BOUND = cpp_math.TRIG_FAST_BOUND
+F32_BOUND = cpp_math.TRIG_F32_BOUND
 
 
 def _around_bound(dtype=torch.float32):
-    """+-TRIG_FAST_BOUND and its float32 neighbours: the last values of the fast path and the first of the exact one."""
-    b = torch.tensor([BOUND], dtype=torch.float32)
-    below, above = torch.nextafter(b, b.new_zeros(1)), torch.nextafter(b, b.new_full((1,), math.inf))
+    """+-TRIG_F32_BOUND and +-TRIG_FAST_BOUND and their float32 neighbours: the last values of the float path and the
+    first of the double one, the last of the double fast path and the first of the exact one."""
+    b = torch.tensor([F32_BOUND, BOUND], dtype=torch.float32)
+    below, above = torch.nextafter(b, torch.zeros_like(b)), torch.nextafter(b, torch.full_like(b, math.inf))
     near = torch.cat([below, b, above, above * 3, below * 0.75])
     return torch.cat([near, -near]).to(dtype)
 
@@ -181,15 +183,16 @@ def _assert_within_one_ulp(got: torch.Tensor, x: torch.Tensor, name: str):
 
 
 def _small_and_mixed():
-    """256 values with |x| < TRIG_FAST_BOUND (random, near multiples of pi/2), and the same with lane k of the k-th
-    group of 16 replaced by a value the exact path takes, or inf/NaN (which the fast path gives NaN for)."""
+    """256 values with |x| < TRIG_F32_BOUND (random, near multiples of pi/2), and the same with lane k of the k-th
+    group of 16 replaced by a value a double path takes (the fast one below TRIG_FAST_BOUND, the exact one above),
+    or inf/NaN (which the float path gives NaN for)."""
     g = torch.Generator().manual_seed(1)
     small = torch.cat([(torch.rand(128, generator=g) - 0.5) * 200,
                        (torch.randint(-4000, 4000, (64,), generator=g) * (math.pi / 2)).float(),
-                       (torch.rand(64, generator=g) - 0.5) * 2 * BOUND * 0.999])
-    large = torch.tensor([BOUND, -BOUND, 1e30, -3.4e38, torch.finfo(torch.float32).max, 2.0 ** 60, 12345678.0 * 4,
-                          float("inf"), -float("inf"), float("nan"), 2.0 ** 100 * math.pi, 8.0e37, 3.0 * BOUND,
-                          -7.5e9, 1.0e20, 2.0 ** 31], dtype=torch.float32)
+                       (torch.rand(64, generator=g) - 0.5) * 2 * F32_BOUND * 0.999])
+    large = torch.tensor([BOUND, -BOUND, 1e30, -3.4e38, torch.finfo(torch.float32).max, 2.0 ** 60, F32_BOUND,
+                          float("inf"), -float("inf"), float("nan"), 2.0 ** 100 * math.pi, -F32_BOUND * 3, 3.0 * BOUND,
+                          -7.5e9, 12345678.0, 2.0 ** 31], dtype=torch.float32)
     mixed = small.clone()
     lanes = torch.arange(16) * 17  # group k, lane k
     mixed[lanes] = large
@@ -232,6 +235,49 @@ def test_trig_lane_depends_on_its_value_only(math_libs, variant, name):
     x = torch.cat([differ, _sweep(torch.float32)[::50], _around_bound()])
     scalar = torch.cat([lib(name, part) for part in x.split(15)])
     _assert_same(scalar, lib(name, x))
+
+
+@pytest.mark.parametrize("variant", ["vector", "avx2"])
+@pytest.mark.parametrize("name", ["sin", "cos"])
+def test_trig_float_path_within_one_ulp(math_libs, variant, name):
+    """The float path (|x| < TRIG_F32_BOUND, Note [Float32 trig]) within 1 ulp of the correctly rounded value, with
+    the sign of zero, over every 2053rd float32 below the bound, every float32 around pi/4 (the first quadrant's
+    end) and around the bound, and the float32 values nearest to multiples of pi/2 (the smallest reduced arguments:
+    0x1.f9cbe2p+7 is the nearest below 2^20); the scalar entry point gives the same bits."""
+    lib = _lib(math_libs, variant)
+    top = int(torch.tensor([F32_BOUND], dtype=torch.float32).view(torch.int32))
+    every = torch.arange(0, top, 2053, dtype=torch.int32).view(torch.float32)
+    near = (torch.arange(-41000, 41000, dtype=torch.float64) * (math.pi / 2)).to(torch.float32)
+    x = torch.cat([every, _every_float(0.78, 0.79), _every_float(F32_BOUND * 0.9999, F32_BOUND * 1.0001), near,
+                   torch.nextafter(near, torch.full_like(near, math.inf)),
+                   torch.nextafter(near, torch.full_like(near, -math.inf)),
+                   torch.tensor([float.fromhex("0x1.f9cbe2p+7"), float.fromhex("0x1.2d97c8p+2"), 0.0, -0.0, 1e-45,
+                                 float("inf"), -float("inf"), float("nan")])])
+    x = torch.cat([x, -x])
+    got = lib(name, x)
+    _assert_within_one_ulp(got, x, name)
+    assert got[x.isinf() | x.isnan()].isnan().all()
+    if name == "sin":
+        assert torch.equal(got[x == 0].signbit(), x[x == 0].signbit())
+    part = x[::7]
+    _assert_same(torch.cat([lib(name, p) for p in part.split(15)]), lib(name, part))
+
+
+def test_trig_float_path_constants():
+    """pi/2 = P1 + D + D3 + (less than 2^-75): P1 the float32 below pi/2 (D > 0: Note [Float32 trig]), D and D3
+    float32's rounding of what the earlier parts leave."""
+    mpmath = pytest.importorskip("mpmath")
+    p1, d, d3 = (float.fromhex(c.rstrip("f")) for c in cpp_math.TRIG_F32_PI2)
+    with mpmath.workdps(60):
+        half_pi = mpmath.pi / 2
+        nearest = torch.tensor(float(half_pi), dtype=torch.float32)
+        below = torch.nextafter(nearest, torch.zeros(())) if float(nearest) > half_pi else nearest
+        assert p1 == float(below) and p1 < half_pi
+        rest = half_pi - p1
+        assert d == float(torch.tensor(float(rest), dtype=torch.float32)) and d > 0
+        rest -= d
+        assert d3 == float(torch.tensor(float(rest), dtype=torch.float32))
+        assert abs(rest - d3) < mpmath.mpf(2) ** -75
 
 
 def _assert_same(a: torch.Tensor, b: torch.Tensor):

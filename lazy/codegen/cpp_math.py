@@ -11,7 +11,7 @@ ones (64-bit for double, 32-bit for float).
 - float32 is evaluated in double with polynomials accurate to ~2^-32 and rounded once, so results are within
   ~0.5 ulp of the true value (eager's float kernels are within ~1 ulp: the two differ by at most ~2 ulp). Except
   exp and tanh, evaluated in float (16 lanes per AVX-512 op instead of 8) within 1 and 2 ulp: Notes [Float32 exp]
-  and [Float32 tanh].
+  and [Float32 tanh]; and sin and cos with |x| < 2^16 under AVX2 or AVX-512, within 0.79 ulp: Note [Float32 trig].
 - float64 uses the same algorithms with longer polynomials (exp, expm1, log, log1p, tanh, erf: a few ulp);
   float64 sin/cos keep libm (their large-argument reduction needs a double-double Payne-Hanek, not done yet).
 - Special values follow eager: NaN in -> NaN out; exp(+-inf) = inf/0, log(0) = -inf, log(<0) = NaN,
@@ -20,16 +20,16 @@ ones (64-bit for double, 32-bit for float).
 - sin/cos of float32 reduce any argument exactly (Payne-Hanek with four 28-bit chunks of 2/pi picked by the
   exponent: every partial product is exact in double and reduced mod 4 exactly, the rest is a TwoSum; the
   truncation error is < 2^-58 absolute, far below the closest approach of a float32 to a multiple of pi/2).
-  With AVX-512 or AVX2, a vector takes that path only if some lane needs it (Note [Trig vector variant]).
+  With AVX-512 or AVX2, a vector takes that path only if some lane needs it, and evaluates |x| < 2^16 in float
+  (Notes [Trig vector variant], [Float32 trig]).
 
 Polynomials are Taylor series (exact coefficients 1/n!, 1/(2k+1)) except erf's, which are Chebyshev fits
 (mpmath.chebyfit at 60 digits, relative error 4e-11 / 2.5e-10 for float32, 2.3e-16 / 4.4e-16 for float64), and
-the fast sine's (SIN_HALF_PI). tests/test_cpp_math.py checks every function against eager over dense sweeps and
+the fast sines' (SIN_HALF_PI, SIN_F32, COS_F32). tests/test_cpp_math.py checks every function against eager over dense sweeps and
 special values.
 """
 from __future__ import annotations
 
-import struct
 from fractions import Fraction
 from math import factorial
 from typing import List, Sequence
@@ -265,31 +265,37 @@ LZ_INL double lz_trig_fast_f(double x, const int64_t cosine) {{
 SIN_F32 = ("-0x1.555556p-3f", "0x1.11110ep-7f", "-0x1.a01396p-13f", "0x1.6db868p-19f")
 COS_F32 = ("0x1.555554p-5f", "-0x1.6c12c8p-10f", "0x1.9bd2ccp-16f")
 TRIG_F32_BOUND = 2.0 ** 16  # |x| below it takes the float path (Note [Float32 trig])
-# pi/2 = P1 + D + D3 + O(2^-76): P1 and D are float32(pi/2) and float32(pi/2 - P1); tests/test_cpp_math.py checks them
-TRIG_F32_PI2 = ("0x1.921fb6p0f", "-0x1.777a5cp-25f", "-0x1.ee59dap-50f")
+# pi/2 = P1 + D + D3 + O(2^-76): P1 the float32 below pi/2, D and D3 float32's rounding of what the earlier parts
+# leave (tests/test_cpp_math.py checks them)
+TRIG_F32_PI2 = ("0x1.921fb4p0f", "0x1.4442d2p-24f", "-0x1.ee59dap-50f")
 
 # Note [Float32 trig]
-# The vector variants (Note [Trig vector variant]) evaluate |x| < TRIG_F32_BOUND = 2^16 in float: 8 lanes per AVX2
-# op where the double path takes 4 (the double path's vector op count per float is twice as large under AVX2, and
-# the pointwise chain waits on 40 of them: 16 x 16, AVX2, 1 thread: MEASURED_16). x = q pi/2 + r with q = rint(x 2/pi)
-# (the add of 1.5 * 2^23, as in lz_exp_f32: q's low bits, the quadrant, are then those of t), |r| <= pi/4 (+ 2^-9,
-# the rounding of x * float(2/pi)); r is carried as s + rl:
-# - a = x - q P1 is exact (one FMA): it is a multiple of 2^-23 (|x| >= 1) or 2^-24 (q != 0 means |x| >= 0.78) below
-#   1 in magnitude;
+# The vector variants (Note [Trig vector variant]) evaluate |x| < TRIG_F32_BOUND = 2^16 in float: a ymm holds 8
+# floats but 4 doubles, so under AVX2 the double path (lz_trig_fast_f) takes two vectors of every op per call where
+# this takes one (1 thread, independent values: 0.47 vs 1.20 ns per element under AVX2, 0.24 vs 0.62 with
+# AVX-512), and the pointwise chain computes 40 sines an element (benchmarks/README.md). x = q pi/2 + r with
+# q = rint(x 2/pi) (the add of 1.5 * 2^23, as in lz_exp_f32: the low bits of t are q's, the quadrant), |r| <= pi/4
+# + 2^-9 (x * float(2/pi) is off by up to 2^-9 below 2^16); r is carried as s + rl:
+# - a = x - q P1 is exact (one FMA; P1 is the float32 below pi/2): a multiple of 2^-24 (q != 0 means |x| > 0.78)
+#   below 1;
 # - q D = ph + pl exactly (the FMA gives the product's rounding error), and s + e = a - ph exactly by Fast2Sum: a is
-#   a multiple of ulp(ph) (|ph| < 2^-8 for |q| < 2^16), which makes the sum exact where |a| < |ph| and Dekker's
-#   condition hold otherwise; e - pl is exact (multiples of 2^-48, below 2^-26);
-# - rl = e - pl - q D3, rounded once: its error and the rest of pi/2 (|q| 2^-76) are below |q| 2^-73 <= 2^-57,
-#   2^-29 of the smallest |r| of a float32 below 2^20 (2^-27.8, at x = 0x1.f9cbe2p+7): the bound is where this
-#   argument leaves that margin (the exhaustive check below finds no result more than 1 ulp off up to 2^22, where
-#   the rint stops being exact).
-# Then sin r = s + (rl (1 - z/2) + s z S(z)) and cos r = u + ((1 - z/2 - u) - s rl + z^2 C(z)) with u = 1 - z/2
-# rounded (its error exact by an FMA, z = s^2), both rounded once at the end, and the quadrant's (q + cosine) low bit
-# picks one and its second bit the sign. Checked exhaustively (every float32 below 2^16 in magnitude, both signs,
-# against libm's double sin/cos rounded once, AVX2 and AVX-512 builds alike): at most 0.79 ulp from the exact value,
-# so within 1 ulp of the correctly rounded one, which it is not for 0.2 % of them (4.7 M sines, 4.3 M cosines of
-# 2.3 G; the double path: 50 of 2^33). sin(+-0) = +-0 through a select (x - 0 P1 - 0 D gives +0 for -0); inf and
-# NaN give NaN.
+#   a multiple of ulp(ph) (|ph| < 2^-8), which makes a - ph exact where |a| < |ph|, and Dekker's condition holds
+#   elsewhere; e - pl is exact too (multiples of 2^-47 below 2^-24);
+# - rl = e - pl - q D3, rounded once. Where r is small (where it matters: s is small, so is e) |rl| < |q| 2^-47, so
+#   its rounding error and the rest of pi/2 (|q| 2^-76) stay below |q| 2^-70 <= 2^-54: 2^-26 of the smallest |r| of
+#   any float32 below 2^20 (2^-27.8, at x = 0x1.f9cbe2p+7). TRIG_F32_BOUND is where this argument still leaves that
+#   margin (measured: no result more than 1 ulp off below 2^22; the first at 0x1.25d7eep+22, where the rint is
+#   no longer exact).
+# Then sin r = s - (s z (-S(z)) + rl (z/2 - 1)) and cos r = u + ((1 - z/2 - u) - s rl + z^2 C(z)), z = s^2 and
+# u = 1 - z/2 rounded (its rounding error exactly, by an FMA), each rounded once at the end; the low bit of the
+# quadrant q + cosine picks one (a blend on the sign bit of n << 31), its second bit the sign. Signs of zero: P1
+# below pi/2 makes D > 0, so for x = -0 (q = +0) ph = +0 and s = -0 - +0 = -0, the bracket is +0 and sin = -0 - +0
+# = -0 with no select (with P1 above pi/2, ph would be -0 and s = -0 - -0 = +0).
+# Checked exhaustively by a one-off program (all 2^32 inputs through the vector variant of both builds, AVX2 and
+# AVX-512, and every 61st block of 4096 through the scalar entry point too, against libm's double sin/cos rounded
+# once): none more than 1 ulp from the correctly rounded value, at most 0.79 ulp from libm's double; not correctly
+# rounded for 4962502 sines and 4530984 cosines, nearly all below the bound (0.2 % of its 2.4 G inputs; the double
+# paths: ~1 in 10^8); both builds and both entry points bit-identical; zeros keep their sign; inf and NaN give NaN.
 _TRIG_F32 = r"""
 LZ_INL float lz_trig_f32(float x, const uint32_t cosine) {{
   const float t = LZ_FMAF(x, 0x1.45f306p-1f, 0x1.8p23f);  // q = rint(x 2/pi): an integer in the low bits of t
@@ -299,8 +305,8 @@ LZ_INL float lz_trig_f32(float x, const uint32_t cosine) {{
   const float s = a - ph, e = (a - s) - ph;  // Fast2Sum: s + e = a - ph exactly
   const float rl = LZ_FMAF(-q, {D3}, e - pl);  // r = s + rl
   const float z = s * s, z2 = z * z;
-  const float sp = LZ_FMAF(z2, LZ_FMAF(z, {S3}, {S2}), LZ_FMAF(z, {S1}, {S0}));  // Estrin: latency
-  const float sn = s + LZ_FMAF(s * z, sp, LZ_FMAF(-0.5f * z, rl, rl));
+  const float sp = LZ_FMAF(z2, LZ_FMAF(z, {S3}, {S2}), LZ_FMAF(z, {S1}, {S0}));  // -S(z), Estrin: latency
+  const float sn = s - LZ_FMAF(s * z, sp, LZ_FMAF(0.5f * z, rl, -rl));  // keeps -0: s - (+0)
   const float hs = -0.5f * s, u = LZ_FMAF(hs, s, 1.0f);
   const float cp = LZ_FMAF(z2, {C2}, LZ_FMAF(z, {C1}, {C0}));
   const float cs = u + LZ_FMAF(z2, cp, LZ_FMAF(-s, rl, LZ_FMAF(hs, s, 1.0f - u)));
@@ -315,14 +321,15 @@ LZ_INL float lz_trig_f32(float x, const uint32_t cosine) {{
 # pay the exact reduction. Where g++ targets AVX-512 or AVX2, lz_sin/lz_cos(float) are instead declared (not
 # defined) "declare simd simdlen(W)" (W = 16 floats in a zmm, 8 in a ymm) and their vector variant is written here,
 # under its x86-64 vector-function-ABI name (_ZGVeN16v_<mangled name> for AVX-512, _ZGVdN8v_<...> for AVX2): all W
-# lanes take the fast path (lz_trig_fast_f: pi/2 in two doubles, one polynomial; NaN for inf and NaN), and the exact
-# path runs only when some lane is finite with |x| >= TRIG_FAST_BOUND, for those lanes only. So a lane's result
-# depends on its value only, and the scalar entry point (loop remainders) computes the same. Measured on 1 thread
-# (AVX-512): 0.7 vs 2.0 ns per element on independent values, 1.4 vs 2.7 ns in a chain of dependent sines (the
-# pointwise chain's case: it waits on each call's latency); a vector with a large lane costs ~3 ns. With AVX2 the
-# exact path for every lane made the 200-op chain 4x slower than with AVX-512 (benchmarks/pointwise_chain.py
-# --isa). Accuracy: within 1 ulp of the correctly rounded value for every float32 (checked exhaustively against
-# libm's double sin/cos rounded once), not correctly rounded for 50 of the 2^33 (the exact path: ~1 in 10^8).
+# lanes take the float path (lz_trig_f32, Note [Float32 trig]; NaN for inf and NaN); only when some lane has
+# |x| >= TRIG_F32_BOUND (x^2 compared, one mask move) do those lanes take the double path (lz_trig_fast_f: pi/2 in
+# two doubles, one polynomial), and the exact path runs only when some lane is finite with |x| >= TRIG_FAST_BOUND,
+# for those lanes only. So a lane's result depends on its value only, and the scalar entry point (loop remainders)
+# computes the same. Measured on 1 thread, ns per element of independent values, float / double / exact path:
+# AVX2 0.47 / 1.20 / 4.07, AVX-512 0.24 / 0.62 / 1.89 (a vector with one lane on a slower path pays that path for
+# the vector). Accuracy: within 1 ulp of the correctly rounded value for every float32 (checked exhaustively against
+# libm's double sin/cos rounded once), not correctly rounded for 0.2 % of those below TRIG_F32_BOUND (Note [Float32
+# trig]) and ~1 in 10^8 above it.
 # How it is wired:
 # - Under -mprefer-vector-width=512, g++ calls only the 'e' (AVX-512) clone of length 16; with AVX2 (256-bit
 #   vectors, 8 floats) only the 'd' clone of length 8: tests/test_cpp_math.py checks the calls of a compiled loop
@@ -338,7 +345,7 @@ LZ_INL float lz_trig_f32(float x, const uint32_t cosine) {{
 # - TRIG_FAST_BOUND = 2^24: below it m = rint(x/pi - c/2) fits easily, x - 2m P1 is exact and the rest of pi/2
 #   (|pi/2 - P1 - P2| < 2^-108) adds < 2^-83 absolute, far below the closest approach of a float32 to a multiple of
 #   pi/2 (the same argument holds to ~2^32: 2^24 leaves margin, and larger values are rare in practice).
-# The exact paths, shared by sin and cos (compiled once: they are most of the code), and the entry points.
+# The double paths, shared by sin and cos (compiled once: they are most of the code), and the entry points.
 _TRIG_EXACT = r"""
 static __attribute__((noinline)) float lz_trig_mid_1(float x, int64_t cosine) {
   return lz_trig_large(x) ? (float)lz_trig_f(x, cosine) : (float)lz_trig_fast_f(x, cosine);
@@ -385,7 +392,7 @@ TRIG_CLONES = {16: "_ZGVeN16v_", 8: "_ZGVdN8v_"}
 def definitions(kernels: str) -> str:
     """What a translation unit defines after its kernels (``kernels``: their text): the float32 sin/cos vector
     variants they call, if any (Note [Trig vector variant]: g++ would compile them in every unit otherwise)."""
-    used = [(n, c, z) for n, c, z in (("sin", 0, "x == 0.0f ? x : "), ("cos", 1, "")) if f"lz_{n}(" in kernels]
+    used = [(n, c, z) for n, c, z in (("sin", 0, ""), ("cos", 1, "")) if f"lz_{n}(" in kernels]
     if not used:
         return ""
     text = "#if LZ_TRIG_V" + _TRIG_EXACT + "".join(_TRIG_SCALAR.format(N=n, C=c, ZERO=z) for n, c, z in used)
@@ -408,11 +415,11 @@ typedef int32_t lz_vsi __attribute__((vector_size(LZ_TRIG_V * 4)));
 // some lane has |x| >= TRIG_F32_BOUND, inf or NaN (a compare and a mask move: the reduction g++ makes of a lane
 // loop's "any" costs more than the float path's select and sign together)
 LZ_INL int lz_trig_any_mid(lz_vsf v) {
-  const lz_vsi bits = (lz_vsi)v & 0x7fffffff;
+  const lz_vsf sq = v * v;  // >= TRIG_F32_BOUND^2 (exactly where |x| >= TRIG_F32_BOUND: rounding is monotonic)
 #if LZ_TRIG_V == 16
-  return __builtin_ia32_pcmpgtd512_mask(bits, (lz_vsi){} + ({F32_BOUND_BITS} - 1), 0xffff);
+  return __builtin_ia32_cmpps512_mask(sq, (lz_vsf){} + {F32_BOUND_SQ}, 0x1d, 0xffff, 4);  // _CMP_GE_OQ
 #else
-  return __builtin_ia32_movmskps256((lz_vsf)(bits > {F32_BOUND_BITS} - 1));
+  return __builtin_ia32_movmskps256((lz_vsf)(sq >= {F32_BOUND_SQ}));
 #endif
 }
 LZ_INL bool lz_trig_large(float x) {  // finite and |x| >= TRIG_FAST_BOUND: the exact path's values
@@ -528,10 +535,10 @@ def _source() -> str:
                                 COS=horner("z", [-x for x in _taylor(2, 14, 2, sign=True)])))
     parts.append(_TRIG_FAST_F.format(**{f"C{i}": c for i, c in enumerate(SIN_HALF_PI)}))
     parts.append(_TRIG_F32.format(P1=TRIG_F32_PI2[0], D=TRIG_F32_PI2[1], D3=TRIG_F32_PI2[2],
-                                  **{f"S{i}": c for i, c in enumerate(SIN_F32)},
+                                  **{f"S{i}": c[1:] if c[0] == "-" else "-" + c for i, c in enumerate(SIN_F32)},
                                   **{f"C{i}": c for i, c in enumerate(COS_F32)}))
     parts.append(_TRIG_GUARD.replace("{BOUND}", _BOUND).replace("{F32_BOUND}", TRIG_F32_BOUND.hex() + "f")
-                 .replace("{F32_BOUND_BITS}", hex(struct.unpack("<I", struct.pack("<f", TRIG_F32_BOUND))[0])))
+                 .replace("{F32_BOUND_SQ}", (TRIG_F32_BOUND ** 2).hex() + "f"))
     parts.append(_PUBLIC)
     return "".join(parts)
 
