@@ -411,9 +411,8 @@ _TRIG_GUARD = r"""
 #define LZ_TRIG_V 8
 #endif
 typedef float lz_vsf __attribute__((vector_size(LZ_TRIG_V * 4)));
-typedef int32_t lz_vsi __attribute__((vector_size(LZ_TRIG_V * 4)));
-// some lane has |x| >= TRIG_F32_BOUND, inf or NaN (a compare and a mask move: the reduction g++ makes of a lane
-// loop's "any" costs more than the float path's select and sign together)
+// some lane has |x| >= TRIG_F32_BOUND or is infinite (whose float path result, NaN, lz_trig_mid_v keeps): x^2, a
+// compare and a mask move, where the reduction g++ makes of a lane loop's "any" took 10 more instructions
 LZ_INL int lz_trig_any_mid(lz_vsf v) {
   const lz_vsf sq = v * v;  // >= TRIG_F32_BOUND^2 (exactly where |x| >= TRIG_F32_BOUND: rounding is monotonic)
 #if LZ_TRIG_V == 16
