@@ -367,8 +367,7 @@ static __attribute__((noinline)) lz_vsf lz_trig_mid_v(lz_vsf v, lz_vsf o, int64_
 """
 _TRIG_SCALAR = r"""
 extern "C" __attribute__((noinline, used, visibility("hidden"))) float lz_{N}_1(float x) {{
-  const float y = lz_trig_mid(x) ? lz_trig_mid_1(x, {C}) : lz_trig_f32(x, {C});
-  return {ZERO}y;
+  return lz_trig_mid(x) ? lz_trig_mid_1(x, {C}) : lz_trig_f32(x, {C});
 }}
 __asm__(".globl _Z6lz_{N}f\n\t.hidden _Z6lz_{N}f\n\t.set _Z6lz_{N}f, lz_{N}_1");
 """
@@ -378,10 +377,7 @@ _TRIG_VECTOR = r"""
 extern "C" __attribute__((noinline, used, visibility("hidden"))) lz_vsf {CLONE}_Z6lz_{N}f(lz_vsf v) {{
   lz_vsf o;
 #pragma omp simd
-  for (int i = 0; i < LZ_TRIG_V; ++i) {{
-    const float x = v[i], y = lz_trig_f32(x, {C});
-    o[i] = {ZERO}y;
-  }}
+  for (int i = 0; i < LZ_TRIG_V; ++i) o[i] = lz_trig_f32(v[i], {C});
   return __builtin_expect(lz_trig_any_mid(v), 0) ? lz_trig_mid_v(v, o, {C}) : o;
 }}
 """
@@ -392,13 +388,13 @@ TRIG_CLONES = {16: "_ZGVeN16v_", 8: "_ZGVdN8v_"}
 def definitions(kernels: str) -> str:
     """What a translation unit defines after its kernels (``kernels``: their text): the float32 sin/cos vector
     variants they call, if any (Note [Trig vector variant]: g++ would compile them in every unit otherwise)."""
-    used = [(n, c, z) for n, c, z in (("sin", 0, ""), ("cos", 1, "")) if f"lz_{n}(" in kernels]
+    used = [(n, c) for n, c in (("sin", 0), ("cos", 1)) if f"lz_{n}(" in kernels]
     if not used:
         return ""
-    text = "#if LZ_TRIG_V" + _TRIG_EXACT + "".join(_TRIG_SCALAR.format(N=n, C=c, ZERO=z) for n, c, z in used)
+    text = "#if LZ_TRIG_V" + _TRIG_EXACT + "".join(_TRIG_SCALAR.format(N=n, C=c) for n, c in used)
     for i, (width, clone) in enumerate(TRIG_CLONES.items()):
         text += f"#{'el' if i else ''}if LZ_TRIG_V == {width}"
-        text += "".join(_TRIG_VECTOR.format(N=n, C=c, ZERO=z, CLONE=clone) for n, c, z in used)
+        text += "".join(_TRIG_VECTOR.format(N=n, C=c, CLONE=clone) for n, c in used)
     return text + "#endif\n#endif\n"
 
 
