@@ -107,8 +107,8 @@ def cached_run(fn: Callable, args: Sequence) -> tuple:
 
     program.run = spy  # NOTE: an instance attribute over the method, removed again below
     y = fn(*lz)
-    lazy.mark_step()
-    lazy.wait_device_ops()  # the run may be launched on the worker (Note [Asynchronous execution])
+    with lazy.config.override(async_execution=False):  # a launched run would go to Program.submit, not run
+        lazy.mark_step()
     del program.run
     leaves, scalars = seen["args"]
     first = y[0] if isinstance(y, (list, tuple)) else y

@@ -32,6 +32,12 @@ def test_a_sync_on_cuda_never_launches():
         assert not launch.enabled(torch.device("cpu"))
 
 
+def _record_next():
+    """Trace an op after a mark_step, as a training loop records its next step before reading: the run just synced
+    overlapped recording, so its program's next run launches (Note [Runs that overlap nothing])."""
+    return torch.zeros(1).to(L) + 1
+
+
 def _steps(n, fn, x):
     outs = []
     for _ in range(n):
@@ -101,6 +107,7 @@ def test_a_failure_on_the_c_thread_surfaces_once_and_the_values_stay_failed():
         for _ in range(2):
             y = table[torch.tensor([0, 1]).to(L)] + 1
             lazy.mark_step()
+            _record_next()
         lazy.wait_device_ops()
         before = _native_runs()
         with pytest.raises(StepFailed, match="index out of range") as info:
@@ -222,8 +229,8 @@ def test_training_with_asynchronous_steps_equals_eager():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     data = [(torch.randn(4, 8), torch.randn(4, 1)) for _ in range(6)]
-    losses = []
-    for xb, yb in data:
+    losses, ref_losses = [], []
+    for xb, yb in data:  # the losses are read at the end: each step's run overlaps the next one's recording
         loss = F.mse_loss(model(xb.to(L)), yb.to(L))
         loss.backward()
         opt.step()
@@ -234,7 +241,8 @@ def test_training_with_asynchronous_steps_equals_eager():
         ref_loss.backward()
         ref_opt.step()
         ref_opt.zero_grad()
-        torch.testing.assert_close(losses[-1].item(), ref_loss.item(), rtol=1e-5, atol=1e-6)
+        ref_losses.append(ref_loss.item())
+    torch.testing.assert_close([t.item() for t in losses], ref_losses, rtol=1e-5, atol=1e-6)
     assert metrics.counter("async.launched") >= 3
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-6)
@@ -246,6 +254,7 @@ def test_an_asynchronous_failure_surfaces_once_and_poisons_what_read_it():
         for _ in range(2):  # run the graph once synchronously, so later runs launch
             y = table[torch.tensor([0, 1]).to(L)] + 1
             lazy.mark_step()
+            _record_next()
         lazy.wait_device_ops()
         y = table[torch.tensor([0, 9]).to(L)] + 1  # same graph, an index out of range: fails on the worker
         lazy.mark_step()
@@ -361,14 +370,14 @@ def test_the_worker_runs_with_the_thread_budget_and_the_caller_keeps_its_threads
         seen, started = _spy_runs(program)
         try:
             for budget in (0, 2, 1):
+                _record_next()
                 with lazy.config.override(async_threads=budget):
                     y = x * 2
                     lazy.mark_step()
-                # NOTE: the caller waits on the spy's event, not through lazy: a caller waiting through lazy
-                # would get the program all threads (the next test)
                 assert started.wait(60)
                 started.clear()
                 assert torch.get_num_threads() == 2
+                _record_next()
                 lazy.wait_device_ops()
         finally:
             del program.run
@@ -461,19 +470,40 @@ def test_a_mark_step_run_in_place_has_the_budget_and_a_read_all_threads(two_thre
 
 
 def test_results_do_not_depend_on_whether_a_program_launched(two_threads):
-    """A float sum through ATen splits its work by thread count; a mark_step's program gives the same bits in place
-    (its first runs), launched, and with the launch's timing changed (Note [Thread budget of the worker])."""
+    """A float sum through ATen splits its work by thread count. A mark_step's program whose last run overlapped
+    recording runs on the budget, launched or in place (the launch minimum, a timing, decides which): the same bits
+    either way; one read at once, on all threads (Note [Runs that overlap nothing])."""
     x = torch.randn(1 << 17)
-    with lazy.config.override(compiler="reference"):
-        got = set()
-        for min_run in (0, 1e9):
-            with lazy.config.override(async_min_run_us=min_run):
-                for _ in range(4):
-                    s = x.to(L).sum()
-                    lazy.mark_step()
-                    got.add(s.item())
+    on_all = x.sum().item()
     torch.set_num_threads(1)
-    assert got == {x.sum().item()}  # the budget on 2 threads: 1
+    on_budget = x.sum().item()
+    torch.set_num_threads(2)
+    assert on_all != on_budget  # else this test could not tell the two apart
+    with lazy.config.override(compiler="reference"):
+        runs = []
+        for min_run in (0, 1e9):  # launched from the second run on, then never launched
+            with lazy.config.override(async_min_run_us=min_run):
+                prev = None
+                for _ in range(5):
+                    t = x.to(L).sum()
+                    lazy.mark_step()
+                    if prev is not None:
+                        runs.append(prev.item())  # read once the next run is synced: each run overlapped
+                    prev = t
+        launched = metrics.counter("async.launched")
+        read_at_once = []
+        for _ in range(3):
+            t = x.to(L).sum()
+            lazy.mark_step()
+            read_at_once.append(t.item())
+        # the first of these follows an overlapped run and launches; read at once, the next two run in place
+        assert metrics.counter("async.launched") == launched + 1
+    assert launched >= 3
+    assert runs[0] == on_all  # the program's first run: no last run to follow
+    assert set(runs[1:]) == {on_budget}
+    assert read_at_once[0] == on_budget and set(read_at_once[1:]) == {on_all}
+
+
 def test_a_placeholder_adopts_an_output_of_another_layout_by_copying():
     p = torch.empty(0)
     p.set_(p.untyped_storage(), 0, (3, 2), (1, 3))

@@ -46,6 +46,8 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
     computes gets it as data. Returns the data of ``roots``."""
     if record.CAPTURE is not None:
         record.CAPTURE.on_sync(cause)
+    if launch.watching():  # Note [Runs that overlap nothing] (sync/launch.py)
+        launch.settle_watch()
     where = user_frame()
     if config.strict and cause != "mark_step":
         raise ImplicitSyncError(f"lazy strict mode: implicit sync ({cause}) at {where}; call lazy.mark_step() or "
@@ -76,18 +78,19 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
         for st in pending:
             st.failed = st.value
         raise
-    # Note [Asynchronous execution] (sync/launch.py): a sync that returns no data launches and returns
-    strides = launch.layout_known(program) if not roots and launch.enabled(device) else None
+    # Note [Asynchronous execution] (sync/launch.py): a sync that returns no data launches and returns, if its
+    # program's last run overlapped recording; on the budget then, launched or not (Note [Runs that overlap nothing])
+    overlaps = not roots and launch.overlaps(program, device)
+    strides = launch.layout_known(program) if overlaps else None
     if strides is not None and record.CAPTURE is None and not checks:
         launch.check_leaves(lin.leaves)
         outs = launch.launch(program, lin.leaves, lin.scalars, [st.value for st in pending], strides,
-                             [(st, st.value) for st in pending], where, device)
+                             [(st, st.value) for st in pending], where, device, launch.budget())
     else:
         launch.ready_all(lin.leaves)
         start = time.perf_counter()
-        try:  # Note [Thread budget of the worker]: a sync returning no data runs as its launched runs do
-            outs = launch.run_in_place(program, lin.leaves, lin.scalars, device) if not roots else \
-                program.run(lin.leaves, lin.scalars)
+        try:
+            outs = launch.run_in_place(program, lin.leaves, lin.scalars, overlaps)
         except Exception:
             # Eager would have raised at the op; here the graph raised. Its values stay IR (using them raises
             # again), but later mark_steps skip them, so one failed graph does not make every later step fail.
@@ -103,6 +106,8 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
     for st, out in zip(pending, outs[len(roots):]):
         st.value = data_leaf(out)
         st.version += 1
+    if not roots and launch.enabled(device):
+        launch.watch(program, outs)
     SYNC_LOG.append(SyncRecord(cause, where, len(lin.order), hit, "" if hit else explain_miss(lin, where)))
     log(1, f"sync ({cause}) at {where}: {len(lin.order)} nodes, {'cache hit' if hit else 'compiled'}")
     return outs[:len(roots)]

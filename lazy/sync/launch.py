@@ -68,7 +68,8 @@ from ..ir.ops import SEEDED_OPS
 # kernels (nobody asks for the GIL then), and the user's interval is restored when the last program is retired.
 SWITCH_INTERVAL_S = 2e-4
 MAX_IN_FLIGHT = 2  # launched programs not yet finished before a launch waits: the one running and the next
-# id(program) -> [program, output strides or None, synchronous runs, the fastest one's seconds]
+# id(program) -> [program, output strides or None, synchronous runs, the fastest one's seconds, whether its last
+# mark_step run overlapped recording (Note [Runs that overlap nothing])]
 _LAYOUTS: "Dict[int, list]" = {}
 
 
@@ -87,15 +88,14 @@ _LAYOUTS: "Dict[int, list]" = {}
 # The count is a function of the sync, never of timing, because results depend on it: ATen's reductions split their
 # work by thread count (a float sum of 10^5 values differs in its last bits between 1 and 2 threads), and whether a
 # program launches (Note [Programs too short to launch]) or finds the calling thread already waiting are timings.
-# So while asynchronous execution is on, every run of a program that a sync returning no data runs (a mark_step's:
-# ``budget_threads``) has the budget, launched or in place (``run_in_place`` sets the calling thread's own two
-# counts for the run and restores them). What overlaps nothing runs on the calling thread with all of its threads: a
-# sync that reads data (.item() of pending IR), a capture's run and its replays (lazy/capture/: a replay's program
-# runs during the call). The same script gives the same bits at every run; a replay gives those of the plain run it
-# replaces synced at the same count (LAZY_CAPTURE_VERIFY syncs its plain run with asynchronous execution off). What
-# the budget costs: a mark_step's program read at once overlaps nothing, yet runs on the budget (reductions.py's
-# softmax step at 4096x1024: 4.3 ms against 3.1 ms at 2 threads). A runtime not found in torch/lib is left alone.
-# The C launch thread (Note [Launches on a C thread]) uses the same setters.
+# So while asynchronous execution is on, a mark_step's run whose program overlapped recording last time has the
+# budget, launched or in place (``overlaps``, Note [Runs that overlap nothing]; ``run_in_place`` sets the calling
+# thread's own two counts for the run and restores them). What overlaps nothing runs on the calling thread with all
+# of its threads: such a mark_step's run, a sync that reads data (.item() of pending IR), a capture's run and its
+# replays (lazy/capture/: a replay's program runs during the call). The same script gives the same bits at every
+# run; a replay gives those of the plain run it replaces synced at the same count (LAZY_CAPTURE_VERIFY syncs its
+# plain run with asynchronous execution off). A runtime not found in torch/lib is left alone. The C launch thread
+# (Note [Launches on a C thread]) uses the same setters.
 # NOTE: MKL's C entry point takes the count by value; its lower-case name is the Fortran one (a pointer).
 _THREAD_CONTROL: Optional[tuple] = None  # (omp_set_num_threads or None, MKL_Set_Num_Threads_Local or None)
 
@@ -128,28 +128,66 @@ def thread_budget(threads: int) -> int:
     return max(1, min(budget, threads) if budget > 0 else threads - 1)
 
 
-def budget_threads(device: torch.device) -> Optional[int]:
-    """The threads of a program that a sync returning no data runs on ``device`` (Note [Thread budget of the
-    worker]): the budget while asynchronous execution is on, None where that is the calling thread's own count."""
+# Note [Runs that overlap nothing]
+# The budget buys overlap only where the calling thread records while the program runs. A loop that reads the step's
+# result at once (``mark_step(); print(loss.item())``, a benchmark's ``wait_device_ops()``) overlaps nothing, and
+# the budget only halves a 2-core machine's kernels (the 200-op chain at 1024^2: 14.2 ms per step on the budget
+# against 6.9 ms on both threads). Whether a run overlapped is a fact of the user's code, not of timing: after a
+# mark_step's run (``watch``), the first of these decides it: a read of one of its outputs or a wait for all
+# (``ready``, ``wait_all``) with no op traced since overlapped nothing; any later sync, or such a read after traced
+# ops, overlapped. The program's next run follows its last one: one that overlapped nothing runs in place with all
+# of the calling thread's threads (launching it would only cost the launch); otherwise on the budget, launched or
+# in place. A program's first run has no last one and runs with all threads. So the same script gives the same
+# thread counts, and the same bits, at every run.
+def overlaps(program: Any, device: torch.device) -> bool:
+    """Whether a mark_step's run of ``program`` on ``device`` is taken to overlap recording, as its last one did: it
+    may launch, and runs on the budget (Note [Runs that overlap nothing])."""
     if not enabled(device):
-        return None
-    threads = torch.get_num_threads()
-    budget = thread_budget(threads)
-    return None if budget == threads else budget
+        return False
+    entry = _LAYOUTS.get(id(program))
+    return entry is not None and entry[0] is program and entry[4]
 
 
-def run_in_place(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any], device: torch.device) -> Any:
-    """``program.run`` on the calling thread, with the threads a launched run of it would have (Note [Thread budget
-    of the worker])."""
-    threads = budget_threads(device)
-    if threads is None:
-        return program.run(leaves, scalars)
-    _configure()
-    before = _C.caller_threads(threads, threads)
-    try:
-        return program.run(leaves, scalars)
-    finally:
-        _C.caller_threads(*before)
+def budget() -> int:
+    """The OpenMP/MKL threads of a run that overlaps recording (Note [Thread budget of the worker])."""
+    return thread_budget(torch.get_num_threads())
+
+
+def run_in_place(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any], budgeted: bool) -> Any:
+    """``program.run`` on the calling thread: on the budget where ``budgeted``, else with the calling thread's own
+    OpenMP/MKL threads."""
+    if budgeted:
+        threads = torch.get_num_threads()
+        n = thread_budget(threads)
+        if n != threads:
+            _configure()
+            before = _C.caller_threads(n, n)
+            try:
+                return program.run(leaves, scalars)
+            finally:
+                _C.caller_threads(*before)
+    return program.run(leaves, scalars)
+
+
+def watch(program: Any, outs: Sequence[torch.Tensor]) -> None:
+    """After a mark_step's run of ``program`` (launched or in place) with outputs ``outs``: learn whether it overlaps
+    recording (Note [Runs that overlap nothing])."""
+    entry = _LAYOUTS.get(id(program))
+    _S.watch = (entry, _C.traced_ops(), outs) if entry is not None and entry[0] is program else None
+
+
+def watching() -> bool:
+    return _S.watch is not None
+
+
+def settle_watch(read: Optional[torch.Tensor] = None) -> None:
+    """Decide the watched run's overlap: at a sync or a wait for everything (``read`` None), or at a read of
+    ``read``."""
+    entry, traced, outs = _S.watch
+    if read is not None and not any(read is o for o in outs):
+        return  # another tensor's read tells nothing of this run
+    _S.watch = None
+    entry[4] = _C.traced_ops() != traced
 
 
 def _configure() -> None:
@@ -208,6 +246,7 @@ class _State:
         self.native = False  # the executions in flight are on the C launch thread (else the Python worker)
         self.configured = False  # the C side knows the thread-count setters
         self.settles = False  # settle() runs at exit
+        self.watch: Optional[tuple] = None  # (layout entry, traced ops, outputs) of the last mark_step's run
 
 
 _S = _State()
@@ -248,7 +287,8 @@ def remember_layout(program: Any, outs: Sequence[torch.Tensor], order: Sequence[
     entry = _LAYOUTS.get(id(program))
     if entry is None or entry[0] is not program:
         seeded = any(n.op in SEEDED_OPS for n in order)
-        _LAYOUTS[id(program)] = [program, None if seeded else tuple(tuple(o.stride()) for o in outs), 1, seconds]
+        _LAYOUTS[id(program)] = [program, None if seeded else tuple(tuple(o.stride()) for o in outs), 1, seconds,
+                                 False]
     else:  # Note [Programs too short to launch]
         entry[2] += 1
         entry[3] = min(entry[3], seconds)
@@ -259,9 +299,10 @@ def forget_layouts() -> None:
 
 
 def launch(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any], nodes: Sequence[Any],
-           strides: tuple, synced: list, where: str, device: torch.device) -> List[torch.Tensor]:
-    """Queue ``program`` on the worker; returns the placeholders of its outputs (``nodes`` give their shapes and
-    dtypes, ``strides`` their strides). ``synced`` lists (storage, IR value) pairs given these outputs."""
+           strides: tuple, synced: list, where: str, device: torch.device, threads: int) -> List[torch.Tensor]:
+    """Queue ``program`` on the worker to run with ``threads`` OpenMP/MKL threads; returns the placeholders of its
+    outputs (``nodes`` give their shapes and dtypes, ``strides`` their strides). ``synced`` lists (storage, IR
+    value) pairs given these outputs."""
     _check_fork()
     retire()
     native = getattr(program, "launchable", None) is not None and program.launchable()
@@ -273,8 +314,7 @@ def launch(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any],
     outputs = _C.placeholders([(_like(node.dtype, device), tuple(node.shape), tuple(stride))
                                for node, stride in zip(nodes, strides)])
     _S.seq += 1
-    ex = Execution(program, leaves, scalars, outputs, synced, where, _S.epoch, _S.seq,
-                   thread_budget(torch.get_num_threads()))
+    ex = Execution(program, leaves, scalars, outputs, synced, where, _S.epoch, _S.seq, threads)
     for p in outputs:
         _S.inflight[id(p)] = ex
     if not _S.running and _S.user_interval is None:
@@ -386,6 +426,8 @@ def _adopt(p: torch.Tensor, out: torch.Tensor) -> None:
 
 def ready(t: torch.Tensor) -> torch.Tensor:
     """``t`` once its data is there: waits for the execution that produces it (and so for those before it)."""
+    if _S.watch is not None:
+        settle_watch(read=t)
     if _S.poisoned and id(t) in _S.poisoned:
         raise StepFailed("this value was computed by an asynchronously launched graph that failed (the error was "
                          "raised at an earlier sync)")
@@ -446,6 +488,8 @@ def _wait(ex: Execution) -> None:
 
 def wait_all() -> None:
     """Wait for every launched execution; raise the first failure."""
+    if _S.watch is not None:
+        settle_watch()
     if _S.running:
         _wait(_S.running[-1])
 
