@@ -172,8 +172,8 @@ def run_in_place(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence
 def watch(program: Any, outs: Sequence[torch.Tensor]) -> None:
     """After a mark_step's run of ``program`` (launched or in place) with outputs ``outs``: learn whether it overlaps
     recording (Note [Runs that overlap nothing])."""
-    entry = _LAYOUTS.get(id(program))
-    _S.watch = (entry, _C.traced_ops(), outs) if entry is not None and entry[0] is program else None
+    entry = _LAYOUTS.get(id(program))  # the outputs by id: holding them would keep them past the user's last use
+    _S.watch = (entry, _C.traced_ops(), set(map(id, outs))) if entry is not None and entry[0] is program else None
 
 
 def watching() -> bool:
@@ -184,7 +184,7 @@ def settle_watch(read: Optional[torch.Tensor] = None) -> None:
     """Decide the watched run's overlap: at a sync or a wait for everything (``read`` None), or at a read of
     ``read``."""
     entry, traced, outs = _S.watch
-    if read is not None and not any(read is o for o in outs):
+    if read is not None and id(read) not in outs:
         return  # another tensor's read tells nothing of this run
     _S.watch = None
     entry[4] = _C.traced_ops() != traced
@@ -246,7 +246,7 @@ class _State:
         self.native = False  # the executions in flight are on the C launch thread (else the Python worker)
         self.configured = False  # the C side knows the thread-count setters
         self.settles = False  # settle() runs at exit
-        self.watch: Optional[tuple] = None  # (layout entry, traced ops, outputs) of the last mark_step's run
+        self.watch: Optional[tuple] = None  # (layout entry, traced ops, output ids) of the last mark_step's run
 
 
 _S = _State()
