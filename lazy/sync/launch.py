@@ -133,9 +133,9 @@ def thread_budget(threads: int) -> int:
 # result at once (``mark_step(); print(loss.item())``, a benchmark's ``wait_device_ops()``) overlaps nothing, and
 # the budget only halves a 2-core machine's kernels (the 200-op chain at 1024^2: 14.2 ms per step on the budget
 # against 6.9 ms on both threads). Whether a run overlapped is a fact of the user's code, not of timing: after a
-# mark_step's run (``watch``), the first of these decides it: a read of one of its outputs or a wait for all
-# (``ready``, ``wait_all``) with no op traced since overlapped nothing; any later sync, or such a read after traced
-# ops, overlapped. The program's next run follows its last one: one that overlapped nothing runs in place with all
+# mark_step's run (``watch``), the first of a read of one of its outputs, a wait for all (``ready``, ``wait_all``)
+# and the next sync decides it: with no op traced since the run, it overlapped nothing; with any, it overlapped.
+# The program's next run follows its last one: one that overlapped nothing runs in place with all
 # of the calling thread's threads (launching it would only cost the launch); otherwise on the budget, launched or
 # in place. A program's first run has no last one and runs with all threads. So the same script gives the same
 # thread counts, and the same bits, at every run.
