@@ -61,7 +61,8 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
     lin = linearize(list(roots) + [st.value for st in pending] + checks)
     first_pending = len(pending)  # outputs: roots, these storages, the checks, then the storages added below
     chosen = set(map(id, pending))
-    others = [st for st in pending_storages() if id(st) not in chosen]  # none at a mark_step
+    # every pending storage at a mark_step is among ``storages`` already
+    others = [st for st in pending_storages() if id(st) not in chosen] if cause != "mark_step" else ()
     if others:
         computed = [st for st in others if id(st.value) in lin.positions]
         pending.extend(computed)
@@ -99,7 +100,8 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
             raise
         seconds = time.perf_counter() - start
         metrics.bump("run_time_s", seconds)
-        launch.remember_layout(program, outs, lin.order, seconds)
+        if launch.enabled(device):  # what launches need to know (Note [Programs too short to launch])
+            launch.remember_layout(program, outs, lin.order, seconds)
     if checks:  # the checks' outputs (markers) sit between the storages asked for and those added
         at = len(roots) + first_pending
         outs = outs[:at] + outs[at + len(checks):]
@@ -109,7 +111,8 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
     if not roots and launch.enabled(device):
         launch.watch(program, outs)
     SYNC_LOG.append(SyncRecord(cause, where, len(lin.order), hit, "" if hit else explain_miss(lin, where)))
-    log(1, f"sync ({cause}) at {where}: {len(lin.order)} nodes, {'cache hit' if hit else 'compiled'}")
+    if config.debug >= 1:
+        log(1, f"sync ({cause}) at {where}: {len(lin.order)} nodes, {'cache hit' if hit else 'compiled'}")
     return outs[:len(roots)]
 
 
