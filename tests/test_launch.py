@@ -504,6 +504,25 @@ def test_results_do_not_depend_on_whether_a_program_launched(two_threads):
     assert read_at_once[0] == on_budget and set(read_at_once[1:]) == {on_all}
 
 
+def test_placeholders_take_the_storage_of_outputs_of_their_layout():
+    """Note [Placeholders without the dispatcher]: a placeholder has the promised layout and dtype; adopting an
+    output of that layout shares its storage, offset included, and bumps the version; others are left to Python."""
+    from lazy import _C
+
+    like = torch.empty(0)
+    p, q, r = _C.placeholders([(like, (3, 2), (1, 3)), (like, (4,), (1,)), (like, (2,), (1,))])
+    assert (p.shape, p.stride(), p.dtype) == ((3, 2), (1, 3), torch.float32)
+    out_p = torch.arange(6.0).reshape(3, 2)  # contiguous: another layout than promised
+    out_q = torch.arange(10.0)[3:7]  # a storage offset
+    out_r = torch.arange(2, dtype=torch.float64)  # another dtype
+    version = q._version
+    assert _C.adopt_outputs([p, q, r], [out_p, out_q, out_r]) == [0, 2]
+    assert q.data_ptr() == out_q.data_ptr() and q.storage_offset() == 3 and q.tolist() == [3.0, 4.0, 5.0, 6.0]
+    assert q._version > version
+    launch._adopt(p, out_p)
+    assert p.stride() == (1, 3) and torch.equal(p, out_p)
+
+
 def test_a_placeholder_adopts_an_output_of_another_layout_by_copying():
     p = torch.empty(0)
     p.set_(p.untyped_storage(), 0, (3, 2), (1, 3))
