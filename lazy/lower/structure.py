@@ -263,6 +263,13 @@ LOWERINGS["aten.max"] = _extremum("max")
 LOWERINGS["aten.min"] = _extremum("min")
 
 
+# Note [Deviations in float]
+# var's second pass squares and sums the deviations from the mean. In double (eager's CPU kernel accumulates in
+# double too) each element costs two conversions and double arithmetic, half the lanes of a float vector: var(-1)
+# of 1024^2 ran at 1.3-1.7x torch.compile's kernel time (Inductor's Welford runs in float) on an AMD EPYC. For a
+# float32 input the deviation x - mean and its square are float (the mean rounded to float: an error d in the mean
+# adds n d^2 to a sum of squares S, a relative d^2 / var, below 2^-46 for any mean within the data's range), and the
+# sum follows every float32 sum: float lanes where each lane takes at most FLOAT_LANE_TERMS terms, double otherwise.
 @register("prims.var")
 def _var(args: list, kwargs: dict, meta: tuple) -> TVal:
     """Two passes (mean, then the sum of squared deviations): sound in float without Welford."""
@@ -278,10 +285,13 @@ def _var(args: list, kwargs: dict, meta: tuple) -> TVal:
     nc = kir.const(n, torch.float64)
     mean = TVal(total.shape, torch.float64, lambda idx: kir.op("truediv", torch.float64, total(idx), nc))
     off = len(x.shape) - len(mean.shape)
-    centered = TVal(x.shape, torch.float64, lambda idx: kir.op("sub", torch.float64, kir.cast(x(idx), torch.float64),
-                                                               mean([ZERO if m == 1 else idx[off + k]
-                                                                     for k, m in enumerate(mean.shape)])))
-    sq = reduce("sum", centered, dims, False, torch.float64, lambda e: kir.op("mul", torch.float64, e, e))
+    # Note [Deviations in float]: a float32 input's deviations are squared in float, so a short sum of them takes
+    # float lanes (Note [Short float sums in float lanes] in codegen/cpp_stages.py); others stay double
+    dev = torch.float32 if x.dtype == torch.float32 and out == torch.float32 else torch.float64
+    centered = TVal(x.shape, dev, lambda idx: kir.op("sub", dev, kir.cast(x(idx), dev),
+                                                     kir.cast(mean([ZERO if m == 1 else idx[off + k]
+                                                                    for k, m in enumerate(mean.shape)]), dev)))
+    sq = reduce("sum", centered, dims, False, dev, lambda e: kir.op("mul", dev, e, e))
     if isinstance(correction, values.ScalarArg):  # x.var(dim) records its correction as a runtime scalar
         zero, f64 = kir.const(0, torch.float64), torch.float64
         denom = kir.op("maximum", f64, kir.op("sub", f64, kir.const(n, f64), kir.cast(correction.expr(), f64)), zero)
