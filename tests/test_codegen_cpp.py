@@ -210,6 +210,21 @@ _REDUCTION_SUBSET = ({"contiguous", "transposed", "sliced", "7x0"},
                      {"sum0", "sum1", "amax1", "amin0", "prod1", "softmax1", "softmax0", "var1", "layer_norm_rows"})
 
 
+def test_float32_variance_in_float_lanes_stays_within_a_few_ulps():
+    """Note [Deviations in float]: var of float32 rows, short (float lanes) and long (double accumulation), shifted
+    far from zero and scaled: eager's values within float32's tolerance, and within 4 eps of float64's."""
+    torch.manual_seed(0)
+    xs = [torch.randn(256, 1024) + 1000, torch.randn(64, 4096) * 1e-3 + 5, torch.randn(8, 16384) * 10 - 3]
+    lz = [x.to("lazy").var(-1) for x in xs]
+    lazy.mark_step()
+    assert metrics.counter("compile_fallback") == 0
+    for x, got in zip(xs, lz):
+        got = got.cpu()
+        torch.testing.assert_close(got, x.var(-1))
+        exact = x.double().var(-1)
+        assert ((got.double() - exact).abs() / exact).max() < 4 * torch.finfo(torch.float32).eps
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
                                    torch.int64, torch.bool])
 def test_reductions_match_eager(dtype):
