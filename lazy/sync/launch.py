@@ -115,8 +115,6 @@ def _thread_control() -> tuple:
                     break
                 except (OSError, AttributeError):
                     continue
-            if fn is not None:
-                fn.argtypes, fn.restype = [ctypes.c_int], (None if name == "omp_set_num_threads" else ctypes.c_int)
             found.append(fn)
         _THREAD_CONTROL = tuple(found)
     return _THREAD_CONTROL
@@ -191,21 +189,12 @@ def settle_watch(read: Optional[torch.Tensor] = None) -> None:
 
 
 def _configure() -> None:
-    """Give the C side the thread-count setters (the C launch thread and ``caller_threads`` call them)."""
+    """Give the C side the thread-count setters (the C launch thread and ``caller_threads``, which the Python worker
+    and runs in place call, use them)."""
     if not _S.configured:
         omp, mkl = _thread_control()
         _C.native_configure(*(ctypes.cast(fn, ctypes.c_void_p).value if fn is not None else None for fn in (omp, mkl)))
         _S.configured = True
-
-
-def _set_threads(n: int) -> None:
-    """Size the OpenMP teams and MKL calls that the current thread (the worker) starts."""
-    omp, mkl = _thread_control()
-    torch.get_num_threads()  # NOTE: ATen's once-per-thread init (at::init_num_threads) first, so it cannot undo ours
-    if omp is not None:
-        omp(n)
-    if mkl is not None:
-        mkl(n)
 
 
 class StepFailed(RuntimeError):
@@ -324,6 +313,7 @@ def launch(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any],
     if not _S.settles:  # a thread that dies at exit mid-kernel would take the process with it
         atexit.register(settle)
         _S.settles = True
+    _configure()
     if native:
         _submit(ex, program, leaves, scalars)
     else:
@@ -338,7 +328,6 @@ def launch(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any],
 def _submit(ex: Execution, program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any]) -> None:
     """Queue ``ex`` on the C launch thread (Note [Launches on a C thread] in csrc/native_launch.cpp): a leaf that an
     execution in flight produces is read from that execution's job when this one starts."""
-    _configure()
     forwards = []
     for bid, t in zip(program.leaf_ids, leaves):
         src = _S.inflight.get(id(t))
@@ -398,8 +387,8 @@ def _work(q: "queue.SimpleQueue[Execution]") -> None:
         if ex.epoch <= failed_epoch:
             ex.error = StepFailed("an earlier asynchronously launched graph failed, and this one may read its outputs")
         else:
-            if ex.threads != threads:
-                _set_threads(ex.threads)
+            if ex.threads != threads:  # this thread's own counts (ATen's per-thread init first, in C)
+                _C.caller_threads(ex.threads, ex.threads)
                 threads = ex.threads
             start = time.perf_counter()
             try:
