@@ -125,6 +125,27 @@ PyObject* linearize(PyObject*, PyObject* roots_arg) {
   return result;
 }
 
+bool pack_numbers(PyObject* const* items, Py_ssize_t n, double* f, int64_t* i64) {
+  // As float(s) / int(s) of Python numbers: a float's int slot is 0; other objects (complex scalars, which only
+  // extern calls read, from the Python list) are 0 in both.
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    PyObject* s = items[k];
+    if (PyLong_Check(s)) {  // int and bool
+      long long v = PyLong_AsLongLong(s);
+      if (v == -1 && PyErr_Occurred()) return false;
+      i64[k] = v;
+      f[k] = static_cast<double>(v);
+    } else if (PyFloat_Check(s)) {
+      f[k] = PyFloat_AS_DOUBLE(s);
+      i64[k] = 0;
+    } else {
+      f[k] = 0.0;
+      i64[k] = 0;
+    }
+  }
+  return true;
+}
+
 PyObject* pack_scalars(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 3) {
     PyErr_SetString(PyExc_TypeError, "pack_scalars(scalars: list, doubles: writable buffer, int64s: writable buffer)");
@@ -147,25 +168,7 @@ PyObject* pack_scalars(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   bool ok = fs.len >= n * static_cast<Py_ssize_t>(sizeof(double)) &&
             is.len >= n * static_cast<Py_ssize_t>(sizeof(int64_t));
   if (!ok) PyErr_SetString(PyExc_ValueError, "pack_scalars: the buffers are too small");
-  auto* f = static_cast<double*>(fs.buf);
-  auto* i64 = static_cast<int64_t*>(is.buf);
-  // As float(s) / int(s) of Python numbers: a float's int slot is 0; other objects (complex scalars, which only
-  // extern calls read, from the Python list) are 0 in both.
-  for (Py_ssize_t k = 0; k < n && ok; ++k) {
-    PyObject* s = items[k];
-    if (PyLong_Check(s)) {  // int and bool
-      long long v = PyLong_AsLongLong(s);
-      ok = !(v == -1 && PyErr_Occurred());
-      i64[k] = v;
-      f[k] = static_cast<double>(v);
-    } else if (PyFloat_Check(s)) {
-      f[k] = PyFloat_AS_DOUBLE(s);
-      i64[k] = 0;
-    } else {
-      f[k] = 0.0;
-      i64[k] = 0;
-    }
-  }
+  if (ok) ok = pack_numbers(items, n, static_cast<double*>(fs.buf), static_cast<int64_t*>(is.buf));
   PyBuffer_Release(&fs);
   PyBuffer_Release(&is);
   Py_DECREF(seq);

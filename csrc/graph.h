@@ -4,10 +4,15 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <cstdint>
+
 namespace lazy {
 
 // linearize(roots) -> (order, outputs, key, leaves, scalars), as lazy/ir/graph.py's Linearized.
 PyObject* linearize(PyObject* self, PyObject* roots);
+
+// float(s) and int(s) of each of ``n`` numbers into f and i64 (false with an error set where one overflows).
+bool pack_numbers(PyObject* const* items, Py_ssize_t n, double* f, int64_t* i64);
 
 // pack_scalars(scalars, doubles, int64s): fills the two writable buffers with float(s) and int(s) of each scalar.
 PyObject* pack_scalars(PyObject* self, PyObject* const* args, Py_ssize_t nargs);

@@ -119,4 +119,33 @@ PyObject* leaf_at(LeafTemplates* templates, Py_ssize_t j, PyObject* out) {
   return leaf;
 }
 
+PyObject* bind_outputs(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4 || !PyList_Check(args[0]) || !PyList_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "bind_outputs(storages: list, outputs: list, start, templates or None)");
+    return nullptr;
+  }
+  const Py_ssize_t n = PyList_GET_SIZE(args[0]);
+  const Py_ssize_t start = PyLong_AsSsize_t(args[2]);
+  if (start < 0 || start + n > PyList_GET_SIZE(args[1])) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "bind_outputs: fewer outputs than storages");
+    return nullptr;
+  }
+  LeafTemplates* places = args[3] != Py_None ? templates_of(args[3], n) : nullptr;
+  if (args[3] != Py_None && places == nullptr) return nullptr;
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    PyObject* st = PyList_GET_ITEM(args[0], k);
+    if (Py_TYPE(st) != &StorageType) {
+      PyErr_SetString(PyExc_TypeError, "bind_outputs: not a Storage");
+      return nullptr;
+    }
+    PyObject* out = PyList_GET_ITEM(args[1], start + k);
+    PyObject* leaf = places != nullptr ? leaf_at(places, k, out) : make_data_leaf(out);
+    if (leaf == nullptr) return nullptr;
+    auto* storage = reinterpret_cast<StorageObject*>(st);
+    Py_SETREF(storage->value, leaf);  // the storage's IR goes: its graph is freed here, node by node
+    storage->version += 1;
+  }
+  Py_RETURN_NONE;
+}
+
 }  // namespace lazy

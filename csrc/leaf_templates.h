@@ -20,4 +20,8 @@ LeafTemplates* templates_of(PyObject* capsule, Py_ssize_t n);
 // fits it, else from scratch, which then becomes the template. A new reference, or NULL with an error set.
 PyObject* leaf_at(LeafTemplates* templates, Py_ssize_t j, PyObject* out);
 
+// bind_outputs(storages, outputs, start, templates or None): what a sync does with the values it computed: storage k
+// gets a data leaf holding outputs[start + k] (from place k of ``templates`` where given) and its version bumped.
+PyObject* bind_outputs(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+
 }  // namespace lazy

@@ -112,8 +112,7 @@ PyMethodDef methods[] = {
     {"native_configure", FASTCALL(lazy::native_configure), METH_FASTCALL,
      "native_configure(omp_setter, mkl_setter): the thread-count setters of the launch thread (native_launch.cpp)."},
     {"native_submit", FASTCALL(lazy::native_submit), METH_FASTCALL,
-     "native_submit(runner, pointers, doubles, int64s, nscalars, values, forwards, lo, hi, epoch, threads, arena) "
-     "-> job: "
+     "native_submit(runner, pointers, scalars, values, forwards, lo, hi, epoch, threads, arena) -> job: "
      "a run queued on the launch thread (csrc/native_launch.cpp)."},
     {"native_done", lazy::native_done, METH_O, "native_done(job) -> whether the launch thread has run it."},
     {"native_wait", lazy::native_wait, METH_O, "native_wait(job): wait (without the GIL) until it has run."},
@@ -146,6 +145,8 @@ PyMethodDef methods[] = {
     {"set_guard_prefetch", lazy::set_guard_prefetch, METH_O,
      "set_guard_prefetch(enabled): whether guard programs prefetch what their last run read "
      "(csrc/guard_reads.cpp)."},
+    {"bind_outputs", FASTCALL(lazy::bind_outputs), METH_FASTCALL,
+     "bind_outputs(storages, outputs, start, templates): a sync's values bound to its storages (leaf_templates.cpp)."},
     {"data_leaf", lazy::data_leaf_py, METH_O,
      "data_leaf(tensor): a data leaf Node holding tensor (csrc/replay_io.cpp)."},
     {"replay_inputs", FASTCALL(lazy::replay_inputs), METH_FASTCALL,

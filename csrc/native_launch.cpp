@@ -18,6 +18,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -27,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "graph.h"
 #include "runner.h"
 
 namespace lazy {
@@ -164,9 +166,9 @@ PyObject* native_configure(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 }
 
 PyObject* native_submit(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 12 || !PyList_Check(args[5]) || !PyList_Check(args[6])) {
-    PyErr_SetString(PyExc_TypeError, "native_submit(runner, pointers, doubles, int64s, nscalars, values, forwards, "
-                                     "arena_lo, arena_hi, epoch, threads, arena)");
+  if (nargs != 10 || !PyList_Check(args[4])) {
+    PyErr_SetString(PyExc_TypeError, "native_submit(runner, pointers, scalars, values, forwards, arena_lo, arena_hi, "
+                                     "epoch, threads, arena)");
     return nullptr;
   }
   Runner* r = runner_of(args[0]);
@@ -175,30 +177,35 @@ PyObject* native_submit(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   job->runner = r;
   const int64_t n = runner_buffers(*r);
   void** ptrs = static_cast<void**>(PyLong_AsVoidPtr(args[1]));
-  const double* fs = static_cast<const double*>(PyLong_AsVoidPtr(args[2]));
-  const int64_t* is = static_cast<const int64_t*>(PyLong_AsVoidPtr(args[3]));
-  Py_ssize_t nscalars = PyLong_AsSsize_t(args[4]);
-  job->lo = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[7]));
-  job->hi = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[8]));
-  job->epoch = PyLong_AsLongLong(args[9]);
-  job->threads = static_cast<int>(PyLong_AsLong(args[10]));
+  job->lo = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[5]));
+  job->hi = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[6]));
+  job->epoch = PyLong_AsLongLong(args[7]);
+  job->threads = static_cast<int>(PyLong_AsLong(args[8]));
   if (PyErr_Occurred()) return nullptr;
-  if (ptrs == nullptr || fs == nullptr || is == nullptr || nscalars < 1 || job->threads < 1) {
-    PyErr_SetString(PyExc_ValueError, "native_submit: bad arrays or counts");
+  if (ptrs == nullptr || job->threads < 1) {
+    PyErr_SetString(PyExc_ValueError, "native_submit: bad pointers or thread count");
     return nullptr;
   }
+  {
+    PyObject* seq = PySequence_Fast(args[2], "native_submit: scalars must be a sequence");
+    if (seq == nullptr) return nullptr;
+    const Py_ssize_t ns = PySequence_Fast_GET_SIZE(seq);
+    job->fs.resize(std::max<Py_ssize_t>(ns, 1));
+    job->is.resize(std::max<Py_ssize_t>(ns, 1));
+    const bool packed = pack_numbers(PySequence_Fast_ITEMS(seq), ns, job->fs.data(), job->is.data());
+    Py_DECREF(seq);
+    if (!packed) return nullptr;
+  }
   job->ptrs.assign(ptrs, ptrs + n);
-  job->fs.assign(fs, fs + nscalars);
-  job->is.assign(is, is + nscalars);
   job->vals.resize(n);
-  if (!set_values(*r, args[5], job->vals)) return nullptr;
-  if (args[11] != Py_None) {  // the arena its pointers reach: alive until the job is dropped
-    at::Tensor arena = tensor_of(args[11]);
+  if (!set_values(*r, args[3], job->vals, job->ptrs.data())) return nullptr;
+  if (args[9] != Py_None) {  // the arena its pointers reach: alive until the job is dropped
+    at::Tensor arena = tensor_of(args[9]);
     if (!arena.defined()) return nullptr;
     job->graveyard.push_back(std::move(arena));
   }
-  for (Py_ssize_t k = 0; k < PyList_GET_SIZE(args[6]); ++k) {
-    PyObject* f = PyList_GET_ITEM(args[6], k);
+  for (Py_ssize_t k = 0; k < PyList_GET_SIZE(args[4]); ++k) {
+    PyObject* f = PyList_GET_ITEM(args[4], k);
     auto* source = PyTuple_Check(f) && PyTuple_GET_SIZE(f) == 3 ? job_of(PyTuple_GET_ITEM(f, 1)) : nullptr;
     int64_t bid = source != nullptr ? PyLong_AsLongLong(PyTuple_GET_ITEM(f, 0)) : -1;
     int64_t from = source != nullptr ? PyLong_AsLongLong(PyTuple_GET_ITEM(f, 2)) : -1;

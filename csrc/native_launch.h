@@ -11,10 +11,11 @@ namespace lazy {
 // launch thread calls to size its OpenMP teams and MKL calls (Note [Thread budget of the worker]).
 PyObject* native_configure(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
-// native_submit(runner, pointers, doubles, int64s, nscalars, values, forwards, arena_lo, arena_hi, epoch, threads,
-// arena) -> job: queues a run of a make_runner program. The pointer and scalar arrays are copied; ``values`` are the
-// (buffer id, tensor) pairs set before the run; ``forwards`` (buffer id, job, its buffer id) read an earlier job's
-// buffer when this one starts; ``arena`` (or None), the memory the pointers reach, is held as long as the job.
+// native_submit(runner, pointers, scalars, values, forwards, arena_lo, arena_hi, epoch, threads, arena) -> job:
+// queues a run of a make_runner program. The pointer array is copied, the scalars packed (float and int of each);
+// ``values`` (None or a tensor per buffer) are set before the run, with their addresses; ``forwards`` (buffer id,
+// job, its buffer id) read an earlier job's buffer when this one starts; ``arena`` (or None), the memory the
+// pointers reach, is held as long as the job.
 PyObject* native_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 // native_done(job) -> bool; native_wait(job): until it is done (the GIL released); native_threads(job) -> the

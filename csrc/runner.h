@@ -22,12 +22,13 @@ struct Failure {
 };
 
 // The pieces of run_program, for runs started elsewhere (native_launch.cpp). runner_of: the Runner of a
-// make_runner capsule (NULL with an error set); set_values: vals[id] = tensor for each (id, tensor) pair (GIL held);
+// make_runner capsule (NULL with an error set); set_values: vals[id] = values[id] and ptrs[id] its address for each
+// entry of ``values`` (a list, None or a tensor per buffer) that is a tensor (GIL held);
 // execute_guarded: the run, without the GIL, ATen errors caught into *failure (frees of buffers go to graveyard
 // when given); raise_failure: sets the Python error, returns NULL; results_of: the (id, tensor) pairs of ``wanted``.
 Runner* runner_of(PyObject* capsule);
 int64_t runner_buffers(const Runner& r);
-bool set_values(const Runner& r, PyObject* values, std::vector<at::Tensor>& vals);
+bool set_values(const Runner& r, PyObject* values, std::vector<at::Tensor>& vals, void** ptrs);
 int execute_guarded(const Runner& r, std::vector<at::Tensor>& vals, void** ptrs, const double* fs, const int64_t* is,
                     uintptr_t lo, uintptr_t hi, std::vector<at::Tensor>* graveyard, Failure* failure);
 PyObject* raise_failure(const Failure& failure);
@@ -44,8 +45,8 @@ at::Tensor tensor_of(PyObject* tensor);
 PyObject* make_runner(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 // run_program(runner, pointers, doubles, int64s, values, arena_lo, arena_hi, wanted) -> (error bits, results):
-// runs every step with the GIL released. ``values``: (buffer id, tensor) of every buffer set before the run (leaves,
-// allocated outputs, arena views); ``wanted``: the buffer ids of extern results to return, as (id, tensor) pairs.
+// runs every step with the GIL released. ``values``: None or the tensor of each buffer set before the run (leaves,
+// allocated outputs, arena views), whose addresses it writes into ``pointers``; ``wanted``: the buffer ids of extern results to return, as (id, tensor) pairs.
 PyObject* run_program(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 }  // namespace lazy

@@ -125,6 +125,37 @@ def test_a_failure_on_the_c_thread_surfaces_once_and_the_values_stay_failed():
     del y, info
 
 
+def test_a_launch_that_fails_before_it_is_queued_raises_at_once_and_waits_for_nothing(monkeypatch):
+    """A run whose preparation raises (``Program.submit``: out of memory taking its outputs) was never queued: the
+    mark_step raises, nothing waits for it afterwards, its values stay IR (a read computes them again) and later steps
+    run."""
+    from lazy.runtime import cpp
+
+    x = torch.randn(8, 8).to(L)
+    with lazy.config.override(compiler="cpp"):
+        for _ in range(2):
+            y = (x * 2).sin()
+            lazy.mark_step()
+            _record_next()
+        lazy.wait_device_ops()
+
+        def refuse(*args, **kwargs):
+            raise MemoryError("no memory for the run's outputs")
+
+        launched = metrics.counter("async.launched")
+        monkeypatch.setattr(cpp.Program, "submit", refuse)
+        y = (x * 2).sin()
+        with pytest.raises(MemoryError):
+            lazy.mark_step()
+        assert metrics.counter("async.launched") == launched and not launch._S.running and not launch._S.inflight
+        monkeypatch.undo()
+        lazy.wait_device_ops()  # returns: nothing in flight
+        torch.testing.assert_close(y.cpu(), (x.cpu() * 2).sin())
+        z = (x * 2).sin()
+        lazy.mark_step()
+        torch.testing.assert_close(z.cpu(), (x.cpu() * 2).sin())
+
+
 def test_a_job_queued_behind_a_failed_one_of_its_epoch_does_not_run():
     """Note [Launches on a C thread]: jobs run in launch order; once one fails, the ones of its epoch queued behind it
     are not run (they may read its outputs) until the calling thread has learned of it (a new epoch)."""

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import lazy
+from lazy import _C
 from lazy.cache import graph_cache
 from lazy.debug import metrics
 from lazy.device.tensor import live_storages
@@ -227,3 +228,46 @@ def test_a_data_check_inside_a_captured_function_runs_it_plainly():
     with pytest.raises(torch.linalg.LinAlgError):
         f(-good.to("lazy")).cpu()
     assert metrics.counter("capture.replays") == 0
+
+
+@pytest.mark.parametrize("other", ["stride", "dtype", "sizes", "subclass"])
+def test_a_sync_binds_leaves_from_templates_equal_to_leaves_made_from_scratch(other):
+    """``_C.bind_outputs`` (Note [Data leaves from templates] in csrc/leaf_templates.cpp): each storage gets the leaf
+    ``data_leaf`` would make, its version bumped, whether the output fits the place's template or not."""
+    from test_capture_replay_io import _others, assert_scratch_leaf
+
+    device = lazy.config.backing_device
+    a, b = torch.zeros(4, 3, device=L), torch.zeros(4, 3, device=L)
+    lazy.mark_step()
+    storages = [a._lz_st, b._lz_st]
+    templates = _C.leaf_templates(2)
+    odd = _others(device)[other]
+    rounds = [[torch.full((4, 3), 1.0, device=device), torch.full((4, 3), 2.0, device=device)],
+              [torch.full((4, 3), 3.0, device=device), odd],
+              [torch.full((4, 3), 4.0, device=device), torch.full((4, 3), 5.0, device=device)]]
+    made = []
+    for outs in rounds:
+        versions = [st.version for st in storages]
+        _C.bind_outputs(storages, [torch.ones(1), *outs], 1, templates)  # a root's output first
+        for st, out, version in zip(storages, outs, versions):
+            assert_scratch_leaf(st.value, out)
+            assert st.version == version + 1
+        made.append(storages[0].value)
+    assert made[1].args is made[0].args and made[2].shape is made[0].shape  # place 0 fits its template throughout
+    torch.testing.assert_close(a.cpu(), torch.full((4, 3), 4.0))
+    with pytest.raises(IndexError):
+        _C.bind_outputs(storages, [torch.ones(1)], 0, templates)
+    with pytest.raises(TypeError, match="leaf templates"):
+        _C.bind_outputs(storages, rounds[0], 0, _C.leaf_templates(1))
+
+
+def test_repeated_syncs_of_a_program_bind_leaves_from_its_templates():
+    x = torch.randn(5, 4)
+    lx = x.to(L)
+    leaves = []
+    for i in range(3):
+        y = (lx * (i + 1)).sin()
+        lazy.mark_step()
+        leaves.append(y._lz_st.value)
+        torch.testing.assert_close(y.cpu(), (x * (i + 1)).sin())
+    assert leaves[2].shape is leaves[1].shape and leaves[2].sig is leaves[1].sig

@@ -156,9 +156,7 @@ class Program:
         # [Segment calls in C] in csrc/graph.cpp
         self._packed: Tuple[Any, ...] = (None, None, None, 0, 0, False)
         if self.keep_arena:
-            self._arena, self._ptrs, views = self._new_arena()
-            for bid, t in views:
-                self._values[bid] = t
+            self._arena, self._ptrs, self._values = self._new_arena()
         else:
             self._arena, self._ptrs = None, (ctypes.c_void_p * max(self.num_buffers, 1))()
         kept = {bid for bid, _ in self.arena_slots} | ({v[0] for v in self.arena_views} if self.keep_arena else set())
@@ -239,26 +237,23 @@ class Program:
             self._busy = False
 
     def _new_arena(self) -> tuple:
-        """(arena, pointer array, arena views): a new arena, its temporaries' addresses set in the array, and, where
-        the arena is kept, the (buffer id, view) of each temporary an extern reads as a tensor."""
+        """(arena, pointer array, values): a new arena, its temporaries' addresses set in the array, and a values
+        list (one entry per buffer) holding, where the arena is kept, a view of each temporary an extern reads as a
+        tensor."""
         arena = torch.empty(self.arena_bytes, dtype=torch.uint8)
         ptrs = (ctypes.c_void_p * max(self.num_buffers, 1))()
         base = arena.data_ptr()
         for bid, off in self.arena_slots:
             ptrs[bid] = base + off
-        views = []
+        values: List[Any] = [None] * self.num_buffers
         if self.keep_arena:
             for bid, off, shape, dtype in self.arena_views:
-                t = arena_view(arena, off, shape, dtype)
-                views.append((bid, t))
+                t = values[bid] = arena_view(arena, off, shape, dtype)
                 ptrs[bid] = t.data_ptr()
-        return arena, ptrs, views
+        return arena, ptrs, values
 
     def _run_fresh(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any]) -> List[torch.Tensor]:
-        arena, ptrs, views = self._new_arena()
-        values: List[Any] = [None] * self.num_buffers
-        for bid, t in views:
-            values[bid] = t
+        arena, ptrs, values = self._new_arena()
         return self._run(values, ptrs, arena, leaves, scalars)
 
     # ---- launched on the C thread (Note [Launches on a C thread] in csrc/native_launch.cpp) ----
@@ -272,30 +267,19 @@ class Program:
         """Prepare a run on the calling thread (its own arena, buffers, pointers and scalars: an earlier run of this
         program may still be in flight) and queue it on the launch thread; ``forwards`` (buffer id, job, the job's
         buffer id) are leaves an earlier job produces; ``threads`` its OpenMP/MKL count. What ``finish`` takes."""
-        arena, ptrs, views = self._launch_set()
-        values: List[Any] = [None] * self.num_buffers
-        for bid, t in views:
-            values[bid] = t
-        base = arena.data_ptr()
-        forwarded = {bid for bid, _, _ in forwards}
+        arena, ptrs, template = self._launch_set()
+        values = template.copy()
         for i, t in zip(self.leaf_ids, leaves):
-            values[i] = t
-            if i not in forwarded:
-                ptrs[i] = t.data_ptr()
-        n = max(len(scalars), 1)
-        fs, is_ = (ctypes.c_double * n)(), (ctypes.c_int64 * n)()
-        _C.pack_scalars(scalars, fs, is_)
+            values[i] = t  # a forwarded leaf's placeholder too: the job replaces it when it starts
         address = ctypes.addressof(ptrs)
         reused = self._take_outputs(values, address, BUDGET.admit(self))
-        pairs = [(i, t) for i, t in enumerate(values) if t is not None and i not in forwarded]
-        check_alias = bool(self.arena_views) and self.keep_arena
-        job = _C.native_submit(self._native, address, ctypes.addressof(fs), ctypes.addressof(is_), n, pairs,
-                               forwards, base if check_alias else 0, base + arena.numel() if check_alias else 0,
-                               epoch, threads, arena)
+        lo = arena.data_ptr() if self.arena_views and self.keep_arena else 0
+        job = _C.native_submit(self._native, address, scalars, values, forwards, lo,
+                               lo + arena.numel() if lo else 0, epoch, threads, arena)
         return job, values, reused
 
     def _launch_set(self) -> tuple:
-        """(arena, pointer array, arena views) for the next launched run: two sets, taken in turn. A launch waits
+        """(arena, pointer array, values with its arena views) for the next launched run: two sets, taken in turn. A launch waits
         while two runs are in flight (MAX_IN_FLIGHT in lazy/sync/launch.py), so the run that used a set before is
         done; the pointer array is copied by the job. A program whose arena is not kept (a large one) gets a fresh
         one every run, as a synchronous run does."""
@@ -339,15 +323,13 @@ class Program:
         """The run in C (Note [Programs run in C]): every segment's outputs taken first (their shapes are fixed),
         then one call without the GIL."""
         reused = self._take_outputs(values, address, spares)
-        pairs = [(i, t) for i, t in enumerate(values) if t is not None]
-        answer = _C.run_program(self._native, address, fs_at, is_at, pairs, lo, hi, self._wanted)
+        answer = _C.run_program(self._native, address, fs_at, is_at, values, lo, hi, self._wanted)
         return self._settle_native(answer, values, reused)
 
     def _run(self, values: List[Any], ptrs: Any, arena: torch.Tensor, leaves: Sequence[torch.Tensor],
              scalars: Sequence[Any]) -> List[torch.Tensor]:
         for i, t in zip(self.leaf_ids, leaves):
-            values[i] = t
-            ptrs[i] = t.data_ptr()
+            values[i] = t  # with its address, in C for a run in C (Note [Addresses from the values] in csrc/runner.cpp)
         seen, fs, is_, fs_at, is_at, numbers = self._packed
         if scalars is seen and not numbers and all(type(s) in (int, float, bool) for s in scalars):
             # the same tuple again, of numbers only (a replay's constants): its packing holds from now on. Checked
@@ -370,6 +352,8 @@ class Program:
         if self._native is not None and timer is None:
             return self._run_native(values, address, fs_at, is_at, spares, lo if check_alias else 0,
                                     hi if check_alias else 0)
+        for i, t in zip(self.leaf_ids, leaves):
+            ptrs[i] = t.data_ptr()
         with eager_dispatch():
             for step in self.steps:
                 if step[0] is _SEGMENT:

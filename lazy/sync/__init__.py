@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable, List, Sequence
 
 import torch
 
+from .. import _C
 from ..cache import graph_cache
 from ..config import config
 from ..debug import metrics
@@ -21,7 +22,7 @@ from ..device.backing import backing_device
 from ..device.tensor import LazyTensor, Storage, pending_storages
 from ..ir.graph import linearize
 from ..ir.layout import non_overlapping_and_dense
-from ..ir.node import DATA, Node, data_leaf
+from ..ir.node import DATA, Node
 from ..runtime.reference import run_node
 from ..trace import record
 from ..trace.views import value
@@ -85,8 +86,13 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
     strides = launch.layout_known(program) if overlaps else None
     if strides is not None and record.CAPTURE is None and not checks:
         launch.check_leaves(lin.leaves)
-        outs = launch.launch(program, lin.leaves, lin.scalars, [st.value for st in pending], strides,
-                             [(st, st.value) for st in pending], where, device, launch.budget())
+        try:
+            outs = launch.launch(program, lin.leaves, lin.scalars, [st.value for st in pending], strides,
+                                 [(st, st.value) for st in pending], where, device, launch.budget())
+        except Exception:
+            for st in pending:  # as below: the graph's values stay IR, later mark_steps skip them
+                st.failed = st.value
+            raise
     else:
         launch.ready_all(lin.leaves)
         start = time.perf_counter()
@@ -105,15 +111,27 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
     if checks:  # the checks' outputs (markers) sit between the storages asked for and those added
         at = len(roots) + first_pending
         outs = outs[:at] + outs[at + len(checks):]
-    for st, out in zip(pending, outs[len(roots):]):
-        st.value = data_leaf(out)
-        st.version += 1
+    if pending:  # each storage gets a data leaf of its value (Note [Data leaves from templates])
+        _C.bind_outputs(pending, outs if type(outs) is list else list(outs), len(roots), _leaf_templates(program,
+                                                                                                        len(pending)))
     if not roots and launch.enabled(device):
         launch.watch(program, outs)
     SYNC_LOG.append(SyncRecord(cause, where, len(lin.order), hit, "" if hit else explain_miss(lin, where)))
     if config.debug >= 1:
         log(1, f"sync ({cause}) at {where}: {len(lin.order)} nodes, {'cache hit' if hit else 'compiled'}")
     return outs[:len(roots)]
+
+
+def _leaf_templates(program: Any, n: int) -> Any:
+    """The templates of the data leaves a sync running ``program`` binds to its ``n`` storages (Note [Data leaves
+    from templates] in csrc/leaf_templates.cpp): a program's outputs keep their layouts from run to run."""
+    held = getattr(program, "__dict__", None)
+    if held is None:
+        return None
+    templates = held.get("_leaf_templates")
+    if templates is None or templates[0] < n:
+        templates = held["_leaf_templates"] = (n, _C.leaf_templates(n))
+    return templates[1]
 
 
 def data_of(t: LazyTensor, cause: str) -> torch.Tensor:

@@ -46,6 +46,7 @@ import atexit
 import collections
 import ctypes
 import glob
+import itertools
 import os
 import queue
 import sys
@@ -69,7 +70,7 @@ from ..ir.ops import SEEDED_OPS
 SWITCH_INTERVAL_S = 2e-4
 MAX_IN_FLIGHT = 2  # launched programs not yet finished before a launch waits: the one running and the next
 # id(program) -> [program, output strides or None, synchronous runs, the fastest one's seconds, whether its last
-# mark_step run overlapped recording (Note [Runs that overlap nothing])]
+# mark_step run overlapped recording (Note [Runs that overlap nothing]), its placeholders' specs once launched]
 _LAYOUTS: "Dict[int, list]" = {}
 
 
@@ -277,7 +278,7 @@ def remember_layout(program: Any, outs: Sequence[torch.Tensor], order: Sequence[
     if entry is None or entry[0] is not program:
         seeded = any(n.op in SEEDED_OPS for n in order)
         _LAYOUTS[id(program)] = [program, None if seeded else tuple(tuple(o.stride()) for o in outs), 1, seconds,
-                                 False]
+                                 False, None]
     else:  # Note [Programs too short to launch]
         entry[2] += 1
         entry[3] = min(entry[3], seconds)
@@ -300,12 +301,13 @@ def launch(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any],
     _S.native = native
     if len(_S.running) >= MAX_IN_FLIGHT:  # the recorder is ahead of the programs: wait for the oldest
         _wait(_S.running[0])
-    outputs = _C.placeholders([(_like(node.dtype, device), tuple(node.shape), tuple(stride))
-                               for node, stride in zip(nodes, strides)])
+    entry = _LAYOUTS[id(program)]
+    if entry[5] is None:  # the placeholders' (dtype and device, shape, strides): fixed for a program
+        entry[5] = [(_like(node.dtype, device), tuple(node.shape), tuple(stride)) for node, stride in zip(nodes, strides)]
+    outputs = _C.placeholders(entry[5])
     _S.seq += 1
     ex = Execution(program, leaves, scalars, outputs, synced, where, _S.epoch, _S.seq, threads)
-    for p in outputs:
-        _S.inflight[id(p)] = ex
+    _S.inflight.update(zip(map(id, outputs), itertools.repeat(ex)))
     if not _S.running and _S.user_interval is None:
         _S.user_interval = sys.getswitchinterval()
         sys.setswitchinterval(min(SWITCH_INTERVAL_S, _S.user_interval))
@@ -315,7 +317,13 @@ def launch(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any],
         _S.settles = True
     _configure()
     if native:
-        _submit(ex, program, leaves, scalars)
+        try:
+            _submit(ex, program, leaves, scalars)
+        except BaseException:  # never queued: nothing may wait for it
+            _S.running.remove(ex)
+            for p in outputs:
+                _S.inflight.pop(id(p), None)
+            raise
     else:
         if _S.worker is None:
             _S.worker = threading.Thread(target=_work, args=(_S.queue,), name="lazy-launch", daemon=True)
