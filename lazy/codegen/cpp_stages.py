@@ -3,7 +3,7 @@ blocks, sibling stages in one loop, and the values a stage keeps for the stores 
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -134,6 +134,27 @@ def _float_lanes(s: Stage, tile: Optional[_Blocks]) -> bool:
     return lanes > 1 and n <= lanes * FLOAT_LANE_TERMS
 
 
+# Note [The lane tree is unrolled]
+# The tree over a stage's lanes (Note [Reductions in lanes]) is one loop per level, each with its width ``w`` a
+# constant: g++ then keeps the lanes in registers and combines them with in-register shuffles (a 64-lane float
+# sum: 3 vector adds, then an extract and add per halving). A loop over the levels with ``w`` a variable, as a
+# single loop nest, was compiled as a runtime loop over the accumulator array on the stack: each level stored the
+# lanes and loaded them back at another offset (a store-to-load forwarding stall), ~100 cycles a row on the
+# critical path of a row's stages (layer_norm's mean, then its variance, then the stores). Measured on the AMD
+# EPYC, 1 thread, the kernels alone: layer_norm 4096 x 1024 16 %, softmax 6 % faster (the additions and their
+# order are the same: results are bit-identical).
+def _tree(indent: str, lanes: int, combine: Callable[[str], str]) -> List[str]:
+    """The fixed tree over ``lanes`` lanes (lane l with lane l + w, w = lanes/2, ..., 1), one loop per level with
+    ``w`` a constant (Note [The lane tree is unrolled]); ``combine(other)`` combines lane ``other`` into lane l."""
+    lines = []
+    w = lanes // 2
+    while w > 0:
+        lines.append(f"{indent}#pragma omp simd")
+        lines.append(f"{indent}for (int64_t l = 0; l < {w}; ++l) {{ {combine(f'l + {w}')} }}")
+        w //= 2
+    return lines
+
+
 def _reduced(s: Stage, acc: str) -> str:
     """The stage's result from its accumulator ``acc``: in the result's type, half precision rounded once."""
     value = f"static_cast<{ctype(s.red.dtype)}>({acc})"
@@ -213,12 +234,10 @@ def _render_stage(n: int, s: Stage, scope: _Scope, tile: Optional[_Blocks], arra
         arrays[s.ref] = name
         return
     if blocks is not None:  # the fixed tree over the lanes
-        lines.append(f"{indent}for (int64_t w = {blocks.lanes // 2}; w > 0; w /= 2) {{")
-        lines.append(f"{indent}  #pragma omp simd")
-        combine = ARG_TREE[red.kind].format(acc=acc, v=f"acc{n}[l + w]", idx=idx, i=f"idx{n}[l + w]") if arg else \
-            COMBINE[red.kind].format(acc=acc, v=f"acc{n}[l + w]")
-        lines.append(f"{indent}  for (int64_t l = 0; l < w; ++l) {{ {combine} }}")
-        lines.append(f"{indent}}}")
+        def combine(other: str) -> str:
+            return ARG_TREE[red.kind].format(acc=acc, v=f"acc{n}[{other}]", idx=idx, i=f"idx{n}[{other}]") if arg \
+                else COMBINE[red.kind].format(acc=acc, v=f"acc{n}[{other}]")
+        lines.extend(_tree(indent, blocks.lanes, combine))
     result = (idx if arg else acc) if blocks is None else f"{'idx' if arg else 'acc'}{n}[0]"
     lines.append(f"{indent}const {rt} {name} = {_reduced(s, result)};")
     scope.names[s.ref] = name
@@ -304,11 +323,8 @@ def _render_siblings(group: List[tuple], scope: _Scope) -> None:
         ind = ind[:-2]
         lines.append(ind + "}")
     for n, s in group:
-        lines.append(f"{indent}for (int64_t w = {blocks.lanes // 2}; w > 0; w /= 2) {{")
-        lines.append(f"{indent}  #pragma omp simd")
-        lines.append(f"{indent}  for (int64_t l = 0; l < w; ++l) {{ "
-                     f"{COMBINE[s.red.kind].format(acc=f'acc{n}[l]', v=f'acc{n}[l + w]')} }}")
-        lines.append(f"{indent}}}")
+        combine = COMBINE[s.red.kind]
+        lines.extend(_tree(indent, blocks.lanes, lambda other: combine.format(acc=f"acc{n}[l]", v=f"acc{n}[{other}]")))
         lines.append(f"{indent}const {ctype(s.red.dtype)} red{n} = {_reduced(s, f'acc{n}[0]')};")
         scope.names[s.ref] = f"red{n}"
 
