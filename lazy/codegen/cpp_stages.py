@@ -19,10 +19,13 @@ INIT = {"sum": lambda t: f"{t}(0)", "prod": lambda t: f"{t}(1)",
         else f"std::numeric_limits<{t}>::max()"}
 INIT["argmax"], INIT["argmin"] = INIT["max"], INIT["min"]
 # NOTE: max/min store unconditionally (a select): a conditional store to an accumulator array in lanes would be
-# vectorized as a masked store behind an "any lane?" branch, twice the code and no accumulator in a register.
+# vectorized as a masked store behind an "any lane?" branch, twice the code and no accumulator in a register. The
+# two tests are or-ed bitwise: with ``||`` g++ 12 tests ``v == v && v > acc || v != v`` (three compares, an and, an
+# or and the blend per vector); with ``|`` two compares, an or and the blend (softmax 4096 x 1024, AVX2, 1 thread:
+# 4 % faster). The same values: ``v > acc`` is false for a NaN v.
 COMBINE = {"sum": "{acc} += {v};", "prod": "{acc} *= {v};",
-           "max": "{acc} = ({v} != {v} || {v} > {acc}) ? {v} : {acc};",
-           "min": "{acc} = ({v} != {v} || {v} < {acc}) ? {v} : {acc};"}
+           "max": "{acc} = (({v} != {v}) | ({v} > {acc})) ? {v} : {acc};",
+           "min": "{acc} = (({v} != {v}) | ({v} < {acc})) ? {v} : {acc};"}
 # Note [Arg reductions] (lower/structure.py): a (value, index) accumulator. Along the loop a value replaces it only
 # if it is strictly above (below) it, or a NaN over a number, so the first of equal values (and the first NaN)
 # keeps its index: each lane meets its elements in increasing index order (Note [Reductions in lanes]). The tree
