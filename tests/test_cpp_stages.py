@@ -3,6 +3,7 @@ import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import lazy
 from lazy.cache import graph_cache
@@ -63,3 +64,32 @@ def test_every_lane_kind_reduces_its_tree_as_before():
     for k, f in ops.items():
         torch.testing.assert_close(lz[k].cpu(), f(x), equal_nan=True, msg=k)
     torch.testing.assert_close(bn.cpu(), torch.nn.functional.batch_norm(y, None, None, training=True))
+
+
+def _prefetched(source: str) -> list:
+    return re.findall(r"__builtin_prefetch\(&b(\d+)\[", source)
+
+
+def test_the_next_row_is_prefetched_in_the_first_stage_of_long_rows():
+    """Note [The next row is prefetched]: a softmax, layer_norm and row sum over rows of 1024 floats prefetch the next
+    row's lines in their first stage only (4 lines per block of 64 float lanes), with eager's values (the last row's
+    prefetch clamped to it); rows of 256 floats, column sums (tiled) and a single row prefetch nothing."""
+    torch.manual_seed(0)
+    x, w = torch.randn(37, 1024), torch.randn(1024)
+    fns = {"softmax": lambda x, w: x.softmax(-1), "layer_norm": lambda x, w: F.layer_norm(x, x.shape[-1:], w, w),
+           "sum": lambda x, w: (x * w).sum(-1)}
+    for name, fn in fns.items():
+        got = fn(x.to("lazy"), w.to("lazy")).cpu()
+        assert metrics.counter("compile_fallback") == 0
+        torch.testing.assert_close(got, fn(x, w), msg=name)
+        source = graph_cache.latest().source
+        assert len(_prefetched(source)) == 4 and source.count("i0n = i0 + 1 < 37 ? i0 + 1 : i0;") == 1, source
+        first_stage = source[source.index("acc0[64]"):source.index("acc1[") if "acc1[" in source else None]
+        assert "__builtin_prefetch" in first_stage, name
+    for x in (torch.randn(37, 256), torch.randn(1, 1024), torch.randn(1024, 37).t()):
+        got = x.to("lazy").softmax(-1).cpu()
+        torch.testing.assert_close(got, x.softmax(-1))
+        assert _prefetched(graph_cache.latest().source) == []
+    got = torch.randn(4096, 64)
+    torch.testing.assert_close((got.to("lazy") * 2).sum(0).cpu(), (got * 2).sum(0), rtol=1e-5, atol=1e-4)
+    assert _prefetched(graph_cache.latest().source) == []

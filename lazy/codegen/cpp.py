@@ -221,11 +221,12 @@ def render_kernel(k: Kernel) -> str:
         depth += 1
     scope = scope.child(indent)
     arrays: Dict[Expr, str] = {}
-    for group in _sibling_stages(k, tile):
+    row = k.outer[-1] if k.outer and tile is None else None  # Note [The next row is prefetched] (first stages)
+    for i, group in enumerate(_sibling_stages(k, tile)):
         if len(group) == 1:
-            _render_stage(group[0], k.stages[group[0]], scope, tile, arrays)
+            _render_stage(group[0], k.stages[group[0]], scope, tile, arrays, row if i == 0 else None)
         else:
-            _render_siblings([(n, k.stages[n]) for n in group], scope)
+            _render_siblings([(n, k.stages[n]) for n in group], scope, row if i == 0 else None)
     if tile is None and k.inner and all(v.args[1] > 0 for v in k.inner):
         _hoist_invariants(k, scope)
     split = _interleave(k)  # Note [Interleaved copies]

@@ -158,16 +158,67 @@ def _tree(indent: str, lanes: int, combine: Callable[[str], str]) -> List[str]:
     return lines
 
 
+# Note [The next row is prefetched]
+# A row reduction's kernel runs its stages one after the other over each row (softmax: the max, then the sum of
+# exp(x - max) and the stores; layer_norm: the mean, the variance, the stores), so the first pass over a row waits
+# for the row to come from L3 or memory and the later passes leave nothing in flight: the out-of-order window does
+# not reach the next row's loads before the row ends, and the hardware prefetchers restart at each 4 KB page (a
+# row of 1024 floats). In each block of lanes of the kernel's first stage, every load that walks the lanes
+# contiguously prefetches the cache lines of the same block of the next row (the kernel's innermost outer loop,
+# clamped to its last row), a row ahead. Measured on the AMD EPYC, 1 thread, the kernels alone, 4096 x 1024:
+# layer_norm 20 % (AVX-512) and 11 % (AVX2) faster, softmax 11 % and 7 %, row sums 4-10 %. Prefetching the whole
+# next row at the row's start instead gained as much on layer_norm with AVX-512, nothing on softmax, and made
+# layer_norm with AVX2 30 % slower (64 prefetches at once). Rows shorter than PREFETCH_MIN_ROW_BYTES are not
+# prefetched: the hardware streams across them and a pass over one is short enough for the out-of-order window to
+# reach the next; measured, prefetching rows of 64 and 256 floats ran up to 10 % slower (layer_norm 16384 x 256),
+# rows of 512 floats 12-14 % faster (row sums, layer_norm). A prefetch never faults, and changes no value.
+PREFETCH_LINE = 64  # bytes of a cache line
+PREFETCH_MIN_ROW_BYTES = 2048
+
+
+def _prefetch_next_row(elements: List[Expr], red_var: Expr, row: Optional[Expr], blocks: _Blocks,
+                       scope: _Scope) -> None:
+    """The prefetches of Note [The next row is prefetched] at ``scope``'s indent, inside the loop over ``blocks``
+    (of ``red_var``), for the loads of ``elements`` that walk the lanes contiguously and move a block and at least
+    PREFETCH_MIN_ROW_BYTES with ``row``, the kernel's innermost outer loop (None: no prefetch)."""
+    if row is None or row.args[1] < 2:
+        return
+    row_name = scope.var_names[row]
+    nxt, start = kir.var(f"{row_name}n", row.args[1]), kir.var(f"{blocks.name}k", red_var.args[1])
+    targets: Dict[tuple, kir.Buffer] = {}
+    for element in elements:
+        for e in kir.walk(element):
+            step = kir.stride(e.args[1], row) if e.op == "load" else None
+            if step is None or abs(step) < blocks.lanes or abs(step) * e.dtype.itemsize < PREFETCH_MIN_ROW_BYTES:
+                continue
+            if kir.stride(e.args[1], red_var) == 1:
+                targets.setdefault((e.args[0].id, kir.substitute(e.args[1], {row: nxt, red_var: start})), e.args[0])
+    if not targets:
+        return
+    indent = scope.indent
+    scope.lines.append(f"{indent}const int64_t {row_name}n = {row_name} + 1 < {row.args[1]} ? {row_name} + 1 : "
+                       f"{row_name};")
+    at = _Scope(scope.names, scope.lines, indent, scope.counter, {**scope.var_names, nxt: f"{row_name}n",
+                                                                  start: f"{blocks.name}k"})
+    for (bid, index), buf in targets.items():
+        first = at.emit(index)
+        per_line = max(PREFETCH_LINE // buf.dtype.itemsize, 1)
+        scope.lines.extend(f"{indent}__builtin_prefetch(&b{bid}[{first} + {o}]);"
+                           for o in range(0, blocks.lanes, per_line))
+
+
 def _reduced(s: Stage, acc: str) -> str:
     """The stage's result from its accumulator ``acc``: in the result's type, half precision rounded once."""
     value = f"static_cast<{ctype(s.red.dtype)}>({acc})"
     return _ROUND[s.red.dtype].format(value) if s.red.dtype in _ROUND else value
 
 
-def _render_stage(n: int, s: Stage, scope: _Scope, tile: Optional[_Blocks], arrays: Dict[Expr, str]) -> None:
+def _render_stage(n: int, s: Stage, scope: _Scope, tile: Optional[_Blocks], arrays: Dict[Expr, str],
+                  row: Optional[Expr] = None) -> None:
     """Stage ``n`` at ``scope``'s indent: sequential, in lanes (Note [Reductions in lanes]) or, in a kernel tiled in
     ``tile``'s blocks, one accumulator per lane. Its result is ``red<n>``: a name in ``scope``, or an array of the
-    lanes' results (recorded in ``arrays``) in a tiled kernel."""
+    lanes' results (recorded in ``arrays``) in a tiled kernel. In lanes, the loads of the next ``row`` are prefetched
+    (Note [The next row is prefetched])."""
     lines, indent, red, name = scope.lines, scope.indent, s.red, f"red{n}"
     at, rt, init = ctype(red.acc_dtype), ctype(red.dtype), INIT[red.kind](ctype(red.acc_dtype))
     element = s.body
@@ -203,6 +254,7 @@ def _render_stage(n: int, s: Stage, scope: _Scope, tile: Optional[_Blocks], arra
     if blocks is not tile:
         lines.extend(blocks.open(ind))
         ind += "  "
+        _prefetch_next_row([element], s.red_vars[-1], row, blocks, scope.child(ind))
         if masked:
             lines.append(f"{ind}{at} v{n}[{blocks.lanes}];")
     if blocks is not None:
@@ -285,9 +337,10 @@ def _sibling_stages(k: Kernel, tile: Optional["_Blocks"]) -> List[List[int]]:
     return groups
 
 
-def _render_siblings(group: List[tuple], scope: _Scope) -> None:
+def _render_siblings(group: List[tuple], scope: _Scope, row: Optional[Expr] = None) -> None:
     """Stages ``group`` ((n, stage) pairs) in one loop nest (Note [Sibling stages share their loop]); each result
-    ``red<n>`` becomes a name in ``scope``."""
+    ``red<n>`` becomes a name in ``scope``; the loads of the next ``row`` are prefetched (Note [The next row is
+    prefetched])."""
     lines, indent = scope.lines, scope.indent
     first = group[0][1]
     at = _lane_stage(first)
@@ -306,6 +359,7 @@ def _render_siblings(group: List[tuple], scope: _Scope) -> None:
         ind += "  "
     lines.extend(blocks.open(ind))
     ind += "  "
+    _prefetch_next_row(elements, last, row, blocks, scope.child(ind))
     masked = [n for n, s in group if blocks.masked and s.red.kind not in IDEMPOTENT]
     lines.extend(f"{ind}{at} v{n}[{blocks.lanes}];" for n in masked)
     lines.extend(blocks.lanes_loop(ind))
