@@ -73,7 +73,8 @@ def _prefetched(source: str) -> list:
 def test_the_next_row_is_prefetched_in_the_first_stage_of_long_rows():
     """Note [The next row is prefetched]: a softmax, layer_norm and row sum over rows of 1024 floats prefetch the next
     row's lines in their first stage only (4 lines per block of 64 float lanes), with eager's values (the last row's
-    prefetch clamped to it); rows of 256 floats, column sums (tiled) and a single row prefetch nothing."""
+    prefetch clamped to it); rows of 256 floats, column sums (tiled), a single row and a reduction over (N, H, W)
+    per channel prefetch nothing."""
     torch.manual_seed(0)
     x, w = torch.randn(37, 1024), torch.randn(1024)
     fns = {"softmax": lambda x, w: x.softmax(-1), "layer_norm": lambda x, w: F.layer_norm(x, x.shape[-1:], w, w),
@@ -92,4 +93,7 @@ def test_the_next_row_is_prefetched_in_the_first_stage_of_long_rows():
         assert _prefetched(graph_cache.latest().source) == []
     got = torch.randn(4096, 64)
     torch.testing.assert_close((got.to("lazy") * 2).sum(0).cpu(), (got * 2).sum(0), rtol=1e-5, atol=1e-4)
+    assert _prefetched(graph_cache.latest().source) == []
+    nchw = torch.randn(8, 64, 16, 32)  # a channel's reduction nests the block loop in the loop over N
+    torch.testing.assert_close(nchw.to("lazy").sum((0, 2, 3)).cpu(), nchw.sum((0, 2, 3)), rtol=1e-5, atol=1e-4)
     assert _prefetched(graph_cache.latest().source) == []

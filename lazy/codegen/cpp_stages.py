@@ -171,18 +171,23 @@ def _tree(indent: str, lanes: int, combine: Callable[[str], str]) -> List[str]:
 # layer_norm with AVX2 30 % slower (64 prefetches at once). Rows shorter than PREFETCH_MIN_ROW_BYTES are not
 # prefetched: the hardware streams across them and a pass over one is short enough for the out-of-order window to
 # reach the next; measured, prefetching rows of 64 and 256 floats ran up to 10 % slower (layer_norm 16384 x 256),
-# rows of 512 floats 12-14 % faster (row sums, layer_norm). A prefetch never faults, and changes no value.
+# rows of 512 floats 12-14 % faster (row sums, layer_norm). Only a stage with one reduced loop prefetches: where the
+# block loop is nested in another reduced loop (BatchNorm's sum over (N, H, W) of a channel), the next outer
+# iteration's data is read only after the whole reduction, long evicted by then (sum over (0, 2, 3) of [4096, 64,
+# 16, 32] ran 8 % slower with it). A prefetch never faults, and changes no value.
 PREFETCH_LINE = 64  # bytes of a cache line
 PREFETCH_MIN_ROW_BYTES = 2048
 
 
-def _prefetch_next_row(elements: List[Expr], red_var: Expr, row: Optional[Expr], blocks: _Blocks,
+def _prefetch_next_row(elements: List[Expr], red_vars: List[Expr], row: Optional[Expr], blocks: _Blocks,
                        scope: _Scope) -> None:
     """The prefetches of Note [The next row is prefetched] at ``scope``'s indent, inside the loop over ``blocks``
-    (of ``red_var``), for the loads of ``elements`` that walk the lanes contiguously and move a block and at least
-    PREFETCH_MIN_ROW_BYTES with ``row``, the kernel's innermost outer loop (None: no prefetch)."""
-    if row is None or row.args[1] < 2:
+    (of the stage's one reduced loop ``red_vars``), for the loads of ``elements`` that walk the lanes contiguously
+    and move a block and at least PREFETCH_MIN_ROW_BYTES with ``row``, the kernel's innermost outer loop (None: no
+    prefetch)."""
+    if row is None or row.args[1] < 2 or len(red_vars) != 1:
         return
+    red_var = red_vars[0]
     row_name = scope.var_names[row]
     nxt, start = kir.var(f"{row_name}n", row.args[1]), kir.var(f"{blocks.name}k", red_var.args[1])
     targets: Dict[tuple, kir.Buffer] = {}
@@ -254,7 +259,7 @@ def _render_stage(n: int, s: Stage, scope: _Scope, tile: Optional[_Blocks], arra
     if blocks is not tile:
         lines.extend(blocks.open(ind))
         ind += "  "
-        _prefetch_next_row([element], s.red_vars[-1], row, blocks, scope.child(ind))
+        _prefetch_next_row([element], s.red_vars, row, blocks, scope.child(ind))
         if masked:
             lines.append(f"{ind}{at} v{n}[{blocks.lanes}];")
     if blocks is not None:
@@ -359,7 +364,7 @@ def _render_siblings(group: List[tuple], scope: _Scope, row: Optional[Expr] = No
         ind += "  "
     lines.extend(blocks.open(ind))
     ind += "  "
-    _prefetch_next_row(elements, last, row, blocks, scope.child(ind))
+    _prefetch_next_row(elements, red_vars, row, blocks, scope.child(ind))
     masked = [n for n, s in group if blocks.masked and s.red.kind not in IDEMPOTENT]
     lines.extend(f"{ind}{at} v{n}[{blocks.lanes}];" for n in masked)
     lines.extend(blocks.lanes_loop(ind))
