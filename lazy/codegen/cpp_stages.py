@@ -165,13 +165,15 @@ def _tree(indent: str, lanes: int, combine: Callable[[str], str]) -> List[str]:
 # not reach the next row's loads before the row ends, and the hardware prefetchers restart at each 4 KB page (a
 # row of 1024 floats). In each block of lanes of the kernel's first stage, every load that walks the lanes
 # contiguously prefetches the cache lines of the same block of the next row (the kernel's innermost outer loop,
-# clamped to its last row), a row ahead. Measured on the AMD EPYC, 1 thread, the kernels alone, 4096 x 1024:
-# layer_norm 20 % (AVX-512) and 11 % (AVX2) faster, softmax 11 % and 7 %, row sums 4-10 %. Prefetching the whole
-# next row at the row's start instead gained as much on layer_norm with AVX-512, nothing on softmax, and made
-# layer_norm with AVX2 30 % slower (64 prefetches at once). Rows shorter than PREFETCH_MIN_ROW_BYTES are not
+# clamped to its last row), a row ahead. Measured on the AMD EPYC, 1 thread, 4096 x 1024 (benchmarks/reductions.py,
+# the cached run, 4 runs alternating with the code without it): layer_norm 36 % (AVX-512) and 30 % (AVX2) faster,
+# softmax 22 % and 17 %, row sums 19 % with AVX2 and within noise (+-5 %) with AVX-512. Prefetching the whole next
+# row at the row's start instead (kernels alone) gained as much on layer_norm with AVX-512, nothing on softmax, and
+# made layer_norm with AVX2 30 % slower (64 prefetches at once). Rows shorter than PREFETCH_MIN_ROW_BYTES are not
 # prefetched: the hardware streams across them and a pass over one is short enough for the out-of-order window to
-# reach the next; measured, prefetching rows of 64 and 256 floats ran up to 10 % slower (layer_norm 16384 x 256),
-# rows of 512 floats 12-14 % faster (row sums, layer_norm). Only a stage with one reduced loop prefetches: where the
+# reach the next; measured (kernels alone), rows of 64 and 256 floats ran up to 10 % slower prefetched (layer_norm
+# 16384 x 256), rows of 512 floats 12-14 % faster (row sums, layer_norm), rows of 2048 floats 14 % faster (layer_norm)
+# and 1-6 % slower (softmax). Only a stage with one reduced loop prefetches: where the
 # block loop is nested in another reduced loop (BatchNorm's sum over (N, H, W) of a channel), the next outer
 # iteration's data is read only after the whole reduction, long evicted by then (sum over (0, 2, 3) of [4096, 64,
 # 16, 32] ran 8 % slower with it). A prefetch never faults, and changes no value.
