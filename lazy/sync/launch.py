@@ -30,7 +30,7 @@ are made and pointed at the outputs in C, ``_C.placeholders`` and ``_C.adopt_out
 flight produces is forwarded from that job's outputs when the next one starts. One worker kind is in flight at a
 time (a launch of the other kind waits for the ones in flight), so programs still run in launch order. Measured
 with train_step.py's models at 1 thread on an AMD EPYC with 2 cores (benchmarks/README.md), an asynchronous step
-costs 1.08-1.10x the larger of recording and running in the median (1.27-1.37x through the Python worker), with
+costs 1.02-1.11x the larger of recording and running in the median (1.27-1.37x through the Python worker), with
 programs shorter than a launch is worth run in place (Note [Programs too short to launch]). It is on by default
 (``async_execution``); the thread count of every run is fixed by the sync, not by timing, so results do not depend
 on what overlapped (Note [Thread budget of the worker]).
