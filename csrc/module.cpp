@@ -122,7 +122,7 @@ PyMethodDef methods[] = {
     {"native_finish", FASTCALL(lazy::native_finish), METH_FASTCALL,
      "native_finish(job, wanted) -> (error bits, [(id, tensor)]) or None (not run: an earlier job failed)."},
     {"run_program", FASTCALL(lazy::run_program), METH_FASTCALL,
-     "run_program(runner, pointers, doubles, int64s, values, lo, hi, wanted) -> (error bits, [(id, tensor)]): a "
+     "run_program(runner, pointers, scalars, values, lo, hi, wanted) -> (error bits, [(id, tensor)]): a "
      "program's segments and extern calls without the GIL (csrc/runner.cpp)."},
     {"call_segment", FASTCALL(lazy::call_segment), METH_FASTCALL,
      "call_segment(function, pointers, doubles, int64s) -> int: a program segment called on addresses "

@@ -13,12 +13,15 @@
 // tensors (torch._C._wrap_tensor_impl); nothing here needs torch's Python headers.
 #include "runner.h"
 
+#include "graph.h"
+
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <optional>
@@ -418,28 +421,41 @@ PyObject* results_of(const Runner& r, const std::vector<at::Tensor>& vals, PyObj
 }
 
 PyObject* run_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 8) {
-    PyErr_SetString(PyExc_TypeError,
-                    "run_program(runner, pointers, doubles, int64s, values, arena_lo, arena_hi, wanted)");
+  if (nargs != 7) {
+    PyErr_SetString(PyExc_TypeError, "run_program(runner, pointers, scalars, values, arena_lo, arena_hi, wanted)");
     return nullptr;
   }
   Runner* r = runner_of(args[0]);
   if (r == nullptr) return nullptr;
   void** ptrs = static_cast<void**>(PyLong_AsVoidPtr(args[1]));
-  const double* fs = static_cast<const double*>(PyLong_AsVoidPtr(args[2]));
-  const int64_t* is = static_cast<const int64_t*>(PyLong_AsVoidPtr(args[3]));
-  uintptr_t lo = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[5]));
-  uintptr_t hi = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[6]));
+  uintptr_t lo = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[4]));
+  uintptr_t hi = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(args[5]));
   if (PyErr_Occurred()) return nullptr;
+  if (ptrs == nullptr) {
+    PyErr_SetString(PyExc_ValueError, "run_program: no pointer array");
+    return nullptr;
+  }
+  std::vector<double> fs;
+  std::vector<int64_t> is;
+  {
+    PyObject* seq = PySequence_Fast(args[2], "run_program: scalars must be a sequence");
+    if (seq == nullptr) return nullptr;
+    const Py_ssize_t ns = PySequence_Fast_GET_SIZE(seq);
+    fs.resize(std::max<Py_ssize_t>(ns, 1));
+    is.resize(std::max<Py_ssize_t>(ns, 1));
+    const bool packed = pack_numbers(PySequence_Fast_ITEMS(seq), ns, fs.data(), is.data());
+    Py_DECREF(seq);
+    if (!packed) return nullptr;
+  }
   std::vector<at::Tensor> vals(r->num_buffers);
-  if (!set_values(*r, args[4], vals, ptrs)) return nullptr;
+  if (!set_values(*r, args[3], vals, ptrs)) return nullptr;
   int err = 0;
   Failure failure;
   Py_BEGIN_ALLOW_THREADS
-  err = execute_guarded(*r, vals, ptrs, fs, is, lo, hi, nullptr, &failure);
+  err = execute_guarded(*r, vals, ptrs, fs.data(), is.data(), lo, hi, nullptr, &failure);
   Py_END_ALLOW_THREADS
   if (failure.type != nullptr) return raise_failure(failure);
-  PyObject* results = results_of(*r, vals, args[7]);
+  PyObject* results = results_of(*r, vals, args[6]);
   {
     // the tensors Python holds lose the references taken above with the GIL held (a TensorImpl whose last reference
     // goes may free a Python object)

@@ -44,9 +44,10 @@ at::Tensor tensor_of(PyObject* tensor);
 // are those eager code runs under: Note [Executing inside __torch_dispatch__]).
 PyObject* make_runner(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
-// run_program(runner, pointers, doubles, int64s, values, arena_lo, arena_hi, wanted) -> (error bits, results):
-// runs every step with the GIL released. ``values``: None or the tensor of each buffer set before the run (leaves,
-// allocated outputs, arena views), whose addresses it writes into ``pointers``; ``wanted``: the buffer ids of extern results to return, as (id, tensor) pairs.
+// run_program(runner, pointers, scalars, values, arena_lo, arena_hi, wanted) -> (error bits, results): packs the
+// scalars (float and int of each: graph.cpp's pack_numbers) and runs every step with the GIL released. ``values``:
+// None or the tensor of each buffer set before the run (leaves, allocated outputs, arena views), whose addresses it
+// writes into ``pointers``; ``wanted``: the buffer ids of extern results to return, as (id, tensor) pairs.
 PyObject* run_program(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 }  // namespace lazy

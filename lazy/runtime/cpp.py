@@ -152,8 +152,8 @@ class Program:
         self.arena_slots = [(b.id, offsets[b.id]) for b in in_arena if b.id not in extern_read]
         self.arena_views = [(b.id, offsets[b.id], b.shape, b.dtype) for b in in_arena if b.id in extern_read]
         self._values: List[Any] = [None] * self.num_buffers
-        # (the last scalars tuple, its float and int arrays, their addresses, whether it holds numbers only): Note
-        # [Segment calls in C] in csrc/graph.cpp
+        # (the last scalars tuple, its float and int arrays, their addresses, whether it holds numbers only), for
+        # runs from Python (Note [Segment calls in C] in csrc/graph.cpp); a run in C packs the scalars itself
         self._packed: Tuple[Any, ...] = (None, None, None, 0, 0, False)
         if self.keep_arena:
             self._arena, self._ptrs, self._values = self._new_arena()
@@ -318,18 +318,28 @@ class Program:
                           ("kernels_launched", self.num_kernels), ("spares.reused", reused), ("cpp.native_runs", 1))
         return [values[i] for i in self.output_ids]
 
-    def _run_native(self, values: List[Any], address: int, fs_at: int, is_at: int, spares: Any, lo: int,
+    def _run_native(self, values: List[Any], address: int, scalars: Sequence[Any], spares: Any, lo: int,
                     hi: int) -> List[torch.Tensor]:
         """The run in C (Note [Programs run in C]): every segment's outputs taken first (their shapes are fixed),
-        then one call without the GIL."""
+        then one call without the GIL (which packs the scalars and reads the values' addresses)."""
         reused = self._take_outputs(values, address, spares)
-        answer = _C.run_program(self._native, address, fs_at, is_at, values, lo, hi, self._wanted)
+        answer = _C.run_program(self._native, address, scalars, values, lo, hi, self._wanted)
         return self._settle_native(answer, values, reused)
 
     def _run(self, values: List[Any], ptrs: Any, arena: torch.Tensor, leaves: Sequence[torch.Tensor],
              scalars: Sequence[Any]) -> List[torch.Tensor]:
         for i, t in zip(self.leaf_ids, leaves):
             values[i] = t  # with its address, in C for a run in C (Note [Addresses from the values] in csrc/runner.cpp)
+        timer = _Timer(self) if config.debug >= 3 else None
+        check_alias = bool(self.arena_views) and self.keep_arena
+        lo = arena.data_ptr()
+        hi = lo + arena.numel()
+        launched = reused = 0
+        spares = BUDGET.admit(self)
+        address = ctypes.addressof(ptrs)
+        if self._native is not None and timer is None:
+            return self._run_native(values, address, scalars, spares, lo if check_alias else 0,
+                                    hi if check_alias else 0)
         seen, fs, is_, fs_at, is_at, numbers = self._packed
         if scalars is seen and not numbers and all(type(s) in (int, float, bool) for s in scalars):
             # the same tuple again, of numbers only (a replay's constants): its packing holds from now on. Checked
@@ -342,16 +352,6 @@ class Program:
             _C.pack_scalars(scalars, fs, is_)  # float(s) and int(s) of each number, in C (~0.3 us each in Python)
             fs_at, is_at = ctypes.addressof(fs), ctypes.addressof(is_)
             self._packed = (scalars if type(scalars) is tuple else None, fs, is_, fs_at, is_at, False)
-        timer = _Timer(self) if config.debug >= 3 else None
-        check_alias = bool(self.arena_views) and self.keep_arena
-        lo = arena.data_ptr()
-        hi = lo + arena.numel()
-        launched = reused = 0
-        spares = BUDGET.admit(self)
-        address = ctypes.addressof(ptrs)
-        if self._native is not None and timer is None:
-            return self._run_native(values, address, fs_at, is_at, spares, lo if check_alias else 0,
-                                    hi if check_alias else 0)
         for i, t in zip(self.leaf_ids, leaves):
             ptrs[i] = t.data_ptr()
         with eager_dispatch():
