@@ -440,13 +440,17 @@ def test_concatenations_split_their_loop(inner):
         assert " ? " in body and len(loops) <= 1, body
 
 
-def test_a_constant_scalars_tuple_is_packed_once():
-    """Note [Segment calls in C]: a run keeps the packing of a tuple of numbers it sees again (a replay's constants)
-    and packs any other scalars afresh, so new values always reach the kernels."""
+def test_a_constant_scalars_tuple_is_packed_once(monkeypatch):
+    """Note [Segment calls in C]: a run from Python keeps the packing of a tuple of numbers it sees again (a replay's
+    constants) and packs any other scalars afresh; a run in C packs them itself at each run. New values always reach
+    the kernels."""
     x0 = torch.randn(8, 8)
     ((x0.to("lazy") * 0.5 + 0.25).sin()).cpu()
     p = graph_cache.latest()
     leaf = x0.clone()
+    for scalars in ((0.5, 0.25), (2.0, -1.0), [3.0, 0.5]):  # in C
+        torch.testing.assert_close(p.run([leaf], scalars)[0], (leaf * scalars[0] + scalars[1]).sin())
+    monkeypatch.setattr(p, "_native", None)  # the run from Python
     same = (0.5, 0.25)
     for _ in range(3):
         torch.testing.assert_close(p.run([leaf], same)[0], (leaf * 0.5 + 0.25).sin())

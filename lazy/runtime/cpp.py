@@ -160,7 +160,6 @@ class Program:
         else:
             self._arena, self._ptrs = None, (ctypes.c_void_p * max(self.num_buffers, 1))()
         kept = {bid for bid, _ in self.arena_slots} | ({v[0] for v in self.arena_views} if self.keep_arena else set())
-        self._transient = [i for i in range(self.num_buffers) if i not in kept]
         seg_of = {id(seg[0]): i for i, seg in enumerate(segments)}
         steps: List[list] = []
         ext_ops: List[Any] = []
@@ -184,6 +183,7 @@ class Program:
             if s[0] is _SEGMENT:
                 s[3] = tuple(s[3])  # allocs: a tuple, as _C.take_buffers takes them
         self.steps = [tuple(s) for s in steps]
+        self._allocs = tuple(a for s in self.steps if s[0] is _SEGMENT for a in s[3])  # what a run in C takes first
         self._native = self._native_runner(ext_ops)
         self.spare_bytes = self._segment_bytes(())
         self._spares = None  # Note [Reused outputs] (runtime/spares.py)
@@ -229,11 +229,9 @@ class Program:
         if self._busy or not self.keep_arena:  # re-entered (another thread) or a large arena: a private one
             return self._run_fresh(leaves, scalars)
         self._busy = True
-        try:
-            return self._run(self._values, self._ptrs, self._arena, leaves, scalars)
+        try:  # a copy of the values with the arena's views: a run holds no leaf, extern result or output after it
+            return self._run(self._values.copy(), self._ptrs, self._arena, leaves, scalars)
         finally:
-            for i in self._transient:  # hold no leaf, extern result or output between runs
-                self._values[i] = None
             self._busy = False
 
     def _new_arena(self) -> tuple:
@@ -301,11 +299,7 @@ class Program:
     def _take_outputs(self, values: List[Any], address: int, spares: Any) -> int:
         """Every segment's outputs, taken before a run in C (their shapes are fixed): spares nothing references, else
         fresh buffers, into ``values`` and the pointer array at ``address``; how many were spares."""
-        reused = 0
-        for step in self.steps:
-            if step[0] is _SEGMENT and step[3]:
-                reused += _C.take_buffers(step[3], spares, values, address, pages.empty)
-        return reused
+        return _C.take_buffers(self._allocs, spares, values, address, pages.empty) if self._allocs else 0
 
     def _settle_native(self, answer: tuple, values: List[Any], reused: int) -> List[torch.Tensor]:
         """The outputs of a run in C: its error bits raised, the extern results it made put in place."""
