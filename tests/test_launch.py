@@ -156,6 +156,31 @@ def test_a_launch_that_fails_before_it_is_queued_raises_at_once_and_waits_for_no
         torch.testing.assert_close(z.cpu(), (x.cpu() * 2).sin())
 
 
+def test_a_program_the_graph_cache_evicts_is_freed():
+    """What a launch remembers of a program (its outputs' layout, its run times, its placeholders: Note [Programs
+    too short to launch]) lives on the program: once the graph cache evicts it, nothing holds it or its arenas."""
+    import gc
+    import weakref
+
+    x = torch.randn(8, 8).to(L)
+    with lazy.config.override(compiler="cpp", graph_cache_size=1):
+        for _ in range(3):
+            y = (x * 2).sin()
+            lazy.mark_step()
+            _record_next()
+        lazy.wait_device_ops()
+        first = weakref.ref(graph_cache.latest())
+        assert metrics.counter("async.launched") > 0
+        for _ in range(3):
+            y = (x * 3).cos() + 1
+            lazy.mark_step()
+            _record_next()
+        lazy.wait_device_ops()
+        torch.testing.assert_close(y.cpu(), (x.cpu() * 3).cos() + 1)
+    gc.collect()
+    assert first() is None
+
+
 def test_a_job_queued_behind_a_failed_one_of_its_epoch_does_not_run():
     """Note [Launches on a C thread]: jobs run in launch order; once one fails, the ones of its epoch queued behind it
     are not run (they may read its outputs) until the calling thread has learned of it (a new epoch)."""

@@ -69,9 +69,16 @@ from ..ir.ops import SEEDED_OPS
 # kernels (nobody asks for the GIL then), and the user's interval is restored when the last program is retired.
 SWITCH_INTERVAL_S = 2e-4
 MAX_IN_FLIGHT = 2  # launched programs not yet finished before a launch waits: the one running and the next
-# id(program) -> [program, output strides or None, synchronous runs, the fastest one's seconds, whether its last
-# mark_step run overlapped recording (Note [Runs that overlap nothing]), its placeholders' specs once launched]
-_LAYOUTS: "Dict[int, list]" = {}
+# What launches know of a program, held on the program itself (so it goes when the graph cache drops the program):
+# [output strides or None, synchronous runs, the fastest one's seconds, whether its last mark_step run overlapped
+# recording (Note [Runs that overlap nothing]), its placeholders' specs once launched]. A program without a
+# ``__dict__`` has none and never launches.
+_ENTRY = "_lazy_launch"
+
+
+def _entry(program: Any) -> Optional[list]:
+    held = getattr(program, "__dict__", None)
+    return held.get(_ENTRY) if held is not None else None
 
 
 # Note [Thread budget of the worker]
@@ -143,8 +150,8 @@ def overlaps(program: Any, device: torch.device) -> bool:
     may launch, and runs on the budget (Note [Runs that overlap nothing])."""
     if not enabled(device):
         return False
-    entry = _LAYOUTS.get(id(program))
-    return entry is not None and entry[0] is program and entry[4]
+    entry = _entry(program)
+    return entry is not None and entry[3]
 
 
 def budget() -> int:
@@ -171,8 +178,8 @@ def run_in_place(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence
 def watch(program: Any, outs: Sequence[torch.Tensor]) -> None:
     """After a mark_step's run of ``program`` (launched or in place) with outputs ``outs``: learn whether it overlaps
     recording (Note [Runs that overlap nothing])."""
-    entry = _LAYOUTS.get(id(program))  # the outputs by id: holding them would keep them past the user's last use
-    _S.watch = (entry, _C.traced_ops(), set(map(id, outs))) if entry is not None and entry[0] is program else None
+    entry = _entry(program)  # the outputs by id: holding them would keep them past the user's last use
+    _S.watch = (entry, _C.traced_ops(), set(map(id, outs))) if entry is not None else None
 
 
 def watching() -> bool:
@@ -186,7 +193,7 @@ def settle_watch(read: Optional[torch.Tensor] = None) -> None:
     if read is not None and id(read) not in outs:
         return  # another tensor's read tells nothing of this run
     _S.watch = None
-    entry[4] = _C.traced_ops() != traced
+    entry[3] = _C.traced_ops() != traced
 
 
 def _configure() -> None:
@@ -258,13 +265,13 @@ def enabled(device: torch.device) -> bool:
 def layout_known(program: Any) -> Optional[tuple]:
     """The output strides a program's synchronous runs showed, if it launches asynchronously; None before its runs
     have shown them, if it must not launch, or if it is too short to (Note [Programs too short to launch])."""
-    entry = _LAYOUTS.get(id(program))
-    if entry is None or entry[0] is not program or entry[1] is None:
+    entry = _entry(program)
+    if entry is None or entry[0] is None:
         return None
     minimum = config.async_min_run_us
-    if minimum > 0 and (entry[2] < 2 or entry[3] < minimum * 1e-6):
+    if minimum > 0 and (entry[1] < 2 or entry[2] < minimum * 1e-6):
         return None
-    return entry[1]
+    return entry[0]
 
 
 def remember_layout(program: Any, outs: Sequence[torch.Tensor], order: Sequence[Any], seconds: float = 0.0) -> None:
@@ -274,18 +281,15 @@ def remember_layout(program: Any, outs: Sequence[torch.Tensor], order: Sequence[
     and the user's own code drawing from the same generator (their draws would be lost or repeated), so such a
     graph runs where the recorder runs. Attention without dropout and dropout outside training draw nothing and
     are recorded unseeded (Note [Random ops that draw nothing] in lazy/trace/schema.py): their graphs launch."""
-    entry = _LAYOUTS.get(id(program))
-    if entry is None or entry[0] is not program:
-        seeded = any(n.op in SEEDED_OPS for n in order)
-        _LAYOUTS[id(program)] = [program, None if seeded else tuple(tuple(o.stride()) for o in outs), 1, seconds,
-                                 False, None]
+    entry = _entry(program)
+    if entry is None:
+        held = getattr(program, "__dict__", None)
+        if held is not None:
+            seeded = any(n.op in SEEDED_OPS for n in order)
+            held[_ENTRY] = [None if seeded else tuple(tuple(o.stride()) for o in outs), 1, seconds, False, None]
     else:  # Note [Programs too short to launch]
-        entry[2] += 1
-        entry[3] = min(entry[3], seconds)
-
-
-def forget_layouts() -> None:
-    _LAYOUTS.clear()
+        entry[1] += 1
+        entry[2] = min(entry[2], seconds)
 
 
 def launch(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any], nodes: Sequence[Any],
@@ -301,10 +305,10 @@ def launch(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any],
     _S.native = native
     if len(_S.running) >= MAX_IN_FLIGHT:  # the recorder is ahead of the programs: wait for the oldest
         _wait(_S.running[0])
-    entry = _LAYOUTS[id(program)]
-    if entry[5] is None:  # the placeholders' (dtype and device, shape, strides): fixed for a program
-        entry[5] = [(_like(node.dtype, device), tuple(node.shape), tuple(stride)) for node, stride in zip(nodes, strides)]
-    outputs = _C.placeholders(entry[5])
+    entry = _entry(program)
+    if entry[4] is None:  # the placeholders' (dtype and device, shape, strides): fixed for a program
+        entry[4] = [(_like(node.dtype, device), tuple(node.shape), tuple(stride)) for node, stride in zip(nodes, strides)]
+    outputs = _C.placeholders(entry[4])
     _S.seq += 1
     ex = Execution(program, leaves, scalars, outputs, synced, where, _S.epoch, _S.seq, threads)
     _S.inflight.update(zip(map(id, outputs), itertools.repeat(ex)))
