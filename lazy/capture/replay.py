@@ -243,8 +243,8 @@ class Entry:
             scalars = []
             for kind, v in plan.scalars:
                 scalars.append(f"R[{v}]" if kind == "reg" else r.expr(v) if kind == "expr" else r.const(v))
-            # a tuple: of literals only (a function's own constants), it is one constant object, which the program
-            # packs once (runtime/cpp.py)
+            # a tuple: of literals only (a function's own constants), it is one constant object, which a run from
+            # Python packs once (runtime/cpp.py); a run in C packs it in the call that takes its values
             body.append(f"S = ({''.join(s + ', ' for s in scalars)})")
             body.append(f"O = {r.const(self.program)}.run(I, S)")
             if plan.mutated:
