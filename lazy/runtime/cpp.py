@@ -277,10 +277,10 @@ class Program:
         return job, values, reused
 
     def _launch_set(self) -> tuple:
-        """(arena, pointer array, values with its arena views) for the next launched run: two sets, taken in turn. A launch waits
-        while two runs are in flight (MAX_IN_FLIGHT in lazy/sync/launch.py), so the run that used a set before is
-        done; the pointer array is copied by the job. A program whose arena is not kept (a large one) gets a fresh
-        one every run, as a synchronous run does."""
+        """(arena, pointer array, values with its arena views) for the next launched run: two sets, taken in turn.
+        A launch waits while two runs are in flight (MAX_IN_FLIGHT in lazy/sync/launch.py), so the run that used a
+        set before is done; the pointer array is copied by the job. A program whose arena is not kept (a large one)
+        gets a fresh one every run, as a synchronous run does."""
         sets = self.__dict__.setdefault("_launch_sets", [None, None])
         turn = self.__dict__["_launch_turn"] = 1 - self.__dict__.get("_launch_turn", 1)
         if sets[turn] is None or not self.keep_arena:

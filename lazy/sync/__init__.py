@@ -112,8 +112,8 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
         at = len(roots) + first_pending
         outs = outs[:at] + outs[at + len(checks):]
     if pending:  # each storage gets a data leaf of its value (Note [Data leaves from templates])
-        _C.bind_outputs(pending, outs if type(outs) is list else list(outs), len(roots), _leaf_templates(program,
-                                                                                                        len(pending)))
+        templates = _leaf_templates(program, len(pending))
+        _C.bind_outputs(pending, outs if type(outs) is list else list(outs), len(roots), templates)
     if not roots and launch.enabled(device):
         launch.watch(program, outs)
     SYNC_LOG.append(SyncRecord(cause, where, len(lin.order), hit, "" if hit else explain_miss(lin, where)))

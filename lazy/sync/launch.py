@@ -22,11 +22,12 @@ its kernels a Python worker runs Python (the program's loop, extern calls, settl
 takes the GIL back while the recorder runs Python the two hand it over (Note [The GIL between recorder and
 worker]). This serves the cpu backing device only: on cuda a sync returns once its program is enqueued on the
 stream, and a worker there, whose host work is Python launching kernels, only fought the recorder for the GIL
-(recording the 6x384 GPT step at batch 8 took 58 ms per step beside it against 26 ms alone, on an H100). A program that runs in C (Note [Programs run in C] in csrc/runner.cpp)
-therefore launches onto a C++ thread that never takes the GIL (Note [Launches on a C thread] in
-csrc/native_launch.cpp): the calling thread prepares the run (``Program.submit``: buffers, pointers, scalars, one
-of two arenas taken in turn) and settles it when it next retires or waits (``Program.finish``; the placeholders
-are made and pointed at the outputs in C, ``_C.placeholders`` and ``_C.adopt_outputs``). A leaf that a job in
+(recording the 6x384 GPT step at batch 8 took 58 ms per step beside it against 26 ms alone, on an H100). A
+program that runs in C (Note [Programs run in C] in csrc/runner.cpp) therefore launches onto a C++ thread that
+never takes the GIL (Note [Launches on a C thread] in csrc/native_launch.cpp): the calling thread prepares the
+run (``Program.submit``: buffers, pointers, scalars, one of two arenas taken in turn) and settles it when it next
+retires or waits (``Program.finish``; the placeholders are made and pointed at the outputs in C,
+``_C.placeholders`` and ``_C.adopt_outputs``). A leaf that a job in
 flight produces is forwarded from that job's outputs when the next one starts. One worker kind is in flight at a
 time (a launch of the other kind waits for the ones in flight), so programs still run in launch order. Measured
 with train_step.py's models at 1 thread on an AMD EPYC with 2 cores (benchmarks/README.md), an asynchronous step
@@ -307,7 +308,8 @@ def launch(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any],
         _wait(_S.running[0])
     entry = _entry(program)
     if entry[4] is None:  # the placeholders' (dtype and device, shape, strides): fixed for a program
-        entry[4] = [(_like(node.dtype, device), tuple(node.shape), tuple(stride)) for node, stride in zip(nodes, strides)]
+        entry[4] = [(_like(node.dtype, device), tuple(node.shape), tuple(stride))
+                    for node, stride in zip(nodes, strides)]
     outputs = _C.placeholders(entry[4])
     _S.seq += 1
     ex = Execution(program, leaves, scalars, outputs, synced, where, _S.epoch, _S.seq, threads)
