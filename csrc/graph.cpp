@@ -5,6 +5,7 @@
 // than running a fused kernel. The order, key encoding and leaf numbering are exactly Note [Graph key]'s.
 #include "graph.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -144,6 +145,17 @@ bool pack_numbers(PyObject* const* items, Py_ssize_t n, double* f, int64_t* i64)
     }
   }
   return true;
+}
+
+bool pack_sequence(PyObject* scalars, std::vector<double>* f, std::vector<int64_t>* i64, const char* who) {
+  PyObject* seq = PySequence_Fast(scalars, who);
+  if (seq == nullptr) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  f->resize(std::max<Py_ssize_t>(n, 1));
+  i64->resize(std::max<Py_ssize_t>(n, 1));
+  const bool packed = pack_numbers(PySequence_Fast_ITEMS(seq), n, f->data(), i64->data());
+  Py_DECREF(seq);
+  return packed;
 }
 
 PyObject* pack_scalars(PyObject*, PyObject* const* args, Py_ssize_t nargs) {

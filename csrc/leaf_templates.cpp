@@ -109,6 +109,7 @@ LeafTemplates* templates_of(PyObject* capsule, Py_ssize_t n) {
 }
 
 PyObject* leaf_at(LeafTemplates* templates, Py_ssize_t j, PyObject* out) {
+  if (templates == nullptr) return make_data_leaf(out);
   LeafTemplate* place = &templates->places[static_cast<size_t>(j)];
   if (place->sig != nullptr && place->op == data_op() && exact_layout_is(out, place->layout, place->scalar_type)) {
     return make_node(place->op, place->args, place->kwargs, place->inputs, place->scalars, place->shape,
@@ -139,7 +140,7 @@ PyObject* bind_outputs(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       return nullptr;
     }
     PyObject* out = PyList_GET_ITEM(args[1], start + k);
-    PyObject* leaf = places != nullptr ? leaf_at(places, k, out) : make_data_leaf(out);
+    PyObject* leaf = leaf_at(places, k, out);
     if (leaf == nullptr) return nullptr;
     auto* storage = reinterpret_cast<StorageObject*>(st);
     Py_SETREF(storage->value, leaf);  // the storage's IR goes: its graph is freed here, node by node

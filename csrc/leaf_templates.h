@@ -17,7 +17,8 @@ struct LeafTemplates;
 LeafTemplates* templates_of(PyObject* capsule, Py_ssize_t n);
 
 // A data leaf holding ``out`` (what make_data_leaf(out) makes), built from the template of place ``j`` where ``out``
-// fits it, else from scratch, which then becomes the template. A new reference, or NULL with an error set.
+// fits it, else from scratch, which then becomes the template; from scratch where ``templates`` is NULL. A new
+// reference, or NULL with an error set.
 PyObject* leaf_at(LeafTemplates* templates, Py_ssize_t j, PyObject* out);
 
 // bind_outputs(storages, outputs, start, templates or None): what a sync does with the values it computed: storage k

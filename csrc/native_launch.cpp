@@ -186,16 +186,7 @@ PyObject* native_submit(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_ValueError, "native_submit: bad pointers or thread count");
     return nullptr;
   }
-  {
-    PyObject* seq = PySequence_Fast(args[2], "native_submit: scalars must be a sequence");
-    if (seq == nullptr) return nullptr;
-    const Py_ssize_t ns = PySequence_Fast_GET_SIZE(seq);
-    job->fs.resize(std::max<Py_ssize_t>(ns, 1));
-    job->is.resize(std::max<Py_ssize_t>(ns, 1));
-    const bool packed = pack_numbers(PySequence_Fast_ITEMS(seq), ns, job->fs.data(), job->is.data());
-    Py_DECREF(seq);
-    if (!packed) return nullptr;
-  }
+  if (!pack_sequence(args[2], &job->fs, &job->is, "native_submit: scalars must be a sequence")) return nullptr;
   job->ptrs.assign(ptrs, ptrs + n);
   job->vals.resize(n);
   if (!set_values(*r, args[3], job->vals, job->ptrs.data())) return nullptr;

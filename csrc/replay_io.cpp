@@ -143,7 +143,7 @@ PyObject* replay_writes(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       Py_DECREF(st);
       continue;
     }
-    PyObject* leaf = places != nullptr ? leaf_at(places, j, out) : make_data_leaf(out);
+    PyObject* leaf = leaf_at(places, j, out);
     if (leaf == nullptr) {
       Py_DECREF(st);
       return nullptr;
@@ -467,7 +467,7 @@ PyObject* new_tensors(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     it.count = PyLong_AsLongLong(it.numel);
     if (it.count == -1 && PyErr_Occurred()) return nullptr;
     it.out = PyList_GET_ITEM(args[1], i);
-    it.leaf = places != nullptr ? leaf_at(places, j, it.out) : make_data_leaf(it.out);
+    it.leaf = leaf_at(places, j, it.out);
     if (it.leaf == nullptr) return nullptr;
   }
   bool any = false;

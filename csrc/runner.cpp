@@ -9,11 +9,9 @@
 // scalars, constants, schema defaults), under the dispatch key sets of plain eager code (Note [Executing inside
 // __torch_dispatch__]). Results are laid out as the Python runner lays them out (runtime/externs.py settle), and
 // one that aliases the program's arena is copied out, as there. Python objects are touched only before and after:
-// the buffers set before the run come in as (id, tensor) pairs, the extern results the caller keeps go back as
-// tensors (torch._C._wrap_tensor_impl); nothing here needs torch's Python headers.
+// the buffers set before the run come in as a list (None or a tensor per buffer), the extern results the caller
+// keeps go back as tensors (torch._C._wrap_tensor_impl); nothing here needs torch's Python headers.
 #include "runner.h"
-
-#include "graph.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -21,7 +19,6 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <optional>
@@ -29,6 +26,7 @@
 #include <vector>
 
 #include "alias.h"
+#include "graph.h"
 
 namespace lazy {
 
@@ -437,16 +435,7 @@ PyObject* run_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   std::vector<double> fs;
   std::vector<int64_t> is;
-  {
-    PyObject* seq = PySequence_Fast(args[2], "run_program: scalars must be a sequence");
-    if (seq == nullptr) return nullptr;
-    const Py_ssize_t ns = PySequence_Fast_GET_SIZE(seq);
-    fs.resize(std::max<Py_ssize_t>(ns, 1));
-    is.resize(std::max<Py_ssize_t>(ns, 1));
-    const bool packed = pack_numbers(PySequence_Fast_ITEMS(seq), ns, fs.data(), is.data());
-    Py_DECREF(seq);
-    if (!packed) return nullptr;
-  }
+  if (!pack_sequence(args[2], &fs, &is, "run_program: scalars must be a sequence")) return nullptr;
   std::vector<at::Tensor> vals(r->num_buffers);
   if (!set_values(*r, args[3], vals, ptrs)) return nullptr;
   int err = 0;
