@@ -70,14 +70,26 @@ from ..ir.ops import SEEDED_OPS
 # kernels (nobody asks for the GIL then), and the user's interval is restored when the last program is retired.
 SWITCH_INTERVAL_S = 2e-4
 MAX_IN_FLIGHT = 2  # launched programs not yet finished before a launch waits: the one running and the next
-# What launches know of a program, held on the program itself (so it goes when the graph cache drops the program):
-# [output strides or None, synchronous runs, the fastest one's seconds, whether its last mark_step run overlapped
-# recording (Note [Runs that overlap nothing]), its placeholders' specs once launched]. A program without a
-# ``__dict__`` has none and never launches.
 _ENTRY = "_lazy_launch"
 
 
-def _entry(program: Any) -> Optional[list]:
+class Layout:
+    """What launches know of a program, held on the program itself (so it goes when the graph cache drops the
+    program); a program without a ``__dict__`` has none and never launches."""
+
+    __slots__ = ("strides", "runs", "fastest", "overlapped", "specs")
+
+    def __init__(self, strides: Optional[tuple], seconds: float) -> None:
+        # its outputs' strides, or None where it must not launch (Note [Seeded ops run on the calling thread])
+        self.strides = strides
+        self.runs = 1  # synchronous runs, and the fastest one's seconds (Note [Programs too short to launch])
+        self.fastest = seconds
+        # whether its last mark_step run overlapped recording (Note [Runs that overlap nothing])
+        self.overlapped = False
+        self.specs: Optional[list] = None  # its placeholders' (like, shape, strides), once launched
+
+
+def _entry(program: Any) -> Optional[Layout]:
     held = getattr(program, "__dict__", None)
     return held.get(_ENTRY) if held is not None else None
 
@@ -152,7 +164,7 @@ def overlaps(program: Any, device: torch.device) -> bool:
     if not enabled(device):
         return False
     entry = _entry(program)
-    return entry is not None and entry[3]
+    return entry is not None and entry.overlapped
 
 
 def budget() -> int:
@@ -194,7 +206,7 @@ def settle_watch(read: Optional[torch.Tensor] = None) -> None:
     if read is not None and id(read) not in outs:
         return  # another tensor's read tells nothing of this run
     _S.watch = None
-    entry[3] = _C.traced_ops() != traced
+    entry.overlapped = _C.traced_ops() != traced
 
 
 def _configure() -> None:
@@ -267,12 +279,12 @@ def layout_known(program: Any) -> Optional[tuple]:
     """The output strides a program's synchronous runs showed, if it launches asynchronously; None before its runs
     have shown them, if it must not launch, or if it is too short to (Note [Programs too short to launch])."""
     entry = _entry(program)
-    if entry is None or entry[0] is None:
+    if entry is None or entry.strides is None:
         return None
     minimum = config.async_min_run_us
-    if minimum > 0 and (entry[1] < 2 or entry[2] < minimum * 1e-6):
+    if minimum > 0 and (entry.runs < 2 or entry.fastest < minimum * 1e-6):
         return None
-    return entry[0]
+    return entry.strides
 
 
 def remember_layout(program: Any, outs: Sequence[torch.Tensor], order: Sequence[Any], seconds: float = 0.0) -> None:
@@ -287,10 +299,10 @@ def remember_layout(program: Any, outs: Sequence[torch.Tensor], order: Sequence[
         held = getattr(program, "__dict__", None)
         if held is not None:
             seeded = any(n.op in SEEDED_OPS for n in order)
-            held[_ENTRY] = [None if seeded else tuple(tuple(o.stride()) for o in outs), 1, seconds, False, None]
+            held[_ENTRY] = Layout(None if seeded else tuple(tuple(o.stride()) for o in outs), seconds)
     else:  # Note [Programs too short to launch]
-        entry[1] += 1
-        entry[2] = min(entry[2], seconds)
+        entry.runs += 1
+        entry.fastest = min(entry.fastest, seconds)
 
 
 def launch(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any], nodes: Sequence[Any],
@@ -307,10 +319,10 @@ def launch(program: Any, leaves: Sequence[torch.Tensor], scalars: Sequence[Any],
     if len(_S.running) >= MAX_IN_FLIGHT:  # the recorder is ahead of the programs: wait for the oldest
         _wait(_S.running[0])
     entry = _entry(program)
-    if entry[4] is None:  # the placeholders' (dtype and device, shape, strides): fixed for a program
-        entry[4] = [(_like(node.dtype, device), tuple(node.shape), tuple(stride))
-                    for node, stride in zip(nodes, strides)]
-    outputs = _C.placeholders(entry[4])
+    if entry.specs is None:  # the placeholders' (dtype and device, shape, strides): fixed for a program
+        entry.specs = [(_like(node.dtype, device), tuple(node.shape), tuple(stride))
+                       for node, stride in zip(nodes, strides)]
+    outputs = _C.placeholders(entry.specs)
     _S.seq += 1
     ex = Execution(program, leaves, scalars, outputs, synced, where, _S.epoch, _S.seq, threads)
     _S.inflight.update(zip(map(id, outputs), itertools.repeat(ex)))
