@@ -22,7 +22,7 @@ def _torch_flags() -> dict:
         # pybind11's own headers first: torch's include directory holds an older pybind11 of its own
         include_dirs=[pybind11.get_include(), include_paths()[0]],
         library_dirs=library_paths()[:1],
-        libraries=["c10", "torch_cpu"],  # torch_cpu: the dispatcher, for programs run in C (csrc/runner.cpp)
+        libraries=["c10", "torch_cpu", "dl"],  # torch_cpu: the dispatcher (csrc/runner.cpp); dl: the CUDA driver
         define_macros=[("_GLIBCXX_USE_CXX11_ABI", str(int(torch._C._GLIBCXX_USE_CXX11_ABI)))],
     )
 
@@ -32,10 +32,10 @@ ext = Pybind11Extension(
     sources=["csrc/module.cpp", "csrc/ir.cpp", "csrc/record.cpp", "csrc/record_methods.cpp", "csrc/graph.cpp",
              "csrc/alias.cpp", "csrc/capture_hook.cpp", "csrc/capture_guards.cpp", "csrc/guard_reads.cpp",
              "csrc/replay_io.cpp", "csrc/leaf_templates.cpp", "csrc/outputs.cpp", "csrc/runner.cpp",
-             "csrc/native_launch.cpp"],
+             "csrc/native_launch.cpp", "csrc/cuda_launch.cpp"],
     depends=["csrc/ir.h", "csrc/record.h", "csrc/record_state.h", "csrc/graph.h", "csrc/alias.h", "csrc/capture_hook.h",
              "csrc/capture_guards.h", "csrc/guard_reads.h", "csrc/replay_io.h", "csrc/leaf_templates.h",
-             "csrc/outputs.h", "csrc/runner.h", "csrc/native_launch.h"],
+             "csrc/outputs.h", "csrc/runner.h", "csrc/native_launch.h", "csrc/cuda_launch.h"],
     cxx_std=20,  # torch 2.13's headers need C++20 (bit-field initializers)
     extra_compile_args=["-O2"],
     **_torch_flags(),

@@ -104,7 +104,8 @@ PyMethodDef methods[] = {
     {"pack_scalars", FASTCALL(lazy::pack_scalars), METH_FASTCALL,
      "pack_scalars(scalars, doubles, int64s): a graph's runtime scalars as its kernels read them."},
     {"make_runner", FASTCALL(lazy::make_runner), METH_FASTCALL,
-     "make_runner(steps, num_buffers, include_raw, exclude_raw) -> capsule: a program's plan for run_program."},
+     "make_runner(steps, num_buffers, include_raw, exclude_raw[, cuda_device, arena_bytes, arena_slots]) -> capsule: "
+     "a program's plan for run_program (run_cuda_program with the cuda arguments)."},
     {"placeholders", FASTCALL(lazy::placeholders), METH_FASTCALL,
      "placeholders([(like, shape, stride), ...]) -> empty-storage tensors of those layouts (csrc/native_launch.cpp)."},
     {"adopt_outputs", FASTCALL(lazy::adopt_outputs), METH_FASTCALL,
@@ -124,6 +125,9 @@ PyMethodDef methods[] = {
     {"run_program", FASTCALL(lazy::run_program), METH_FASTCALL,
      "run_program(runner, pointers, scalars, values, lo, hi, wanted) -> (error bits, [(id, tensor)]): a "
      "program's segments and extern calls without the GIL (csrc/runner.cpp)."},
+    {"run_cuda_program", FASTCALL(lazy::run_cuda_program), METH_FASTCALL,
+     "run_cuda_program(runner, scalars, values, stream, wanted) -> [(id, tensor)] or None (a value not 16-byte "
+     "aligned: nothing ran): a Triton program's kernels and extern calls without the GIL (csrc/cuda_launch.cpp)."},
     {"call_segment", FASTCALL(lazy::call_segment), METH_FASTCALL,
      "call_segment(function, pointers, doubles, int64s) -> int: a program segment called on addresses "
      "(csrc/graph.cpp)."},

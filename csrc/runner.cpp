@@ -16,6 +16,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "alias.h"
+#include "cuda_launch.h"
 #include "graph.h"
 
 namespace lazy {
@@ -58,7 +61,8 @@ struct Out {
 };
 
 struct Step {
-  void* segment = nullptr;  // a kernel segment, else an extern
+  void* segment = nullptr;  // a kernel segment, else a Triton kernel (cuda), else an extern
+  std::optional<CudaLaunch> cuda;
   std::optional<c10::OperatorHandle> op;
   std::vector<Arg> args;
   std::vector<Out> outs;
@@ -71,6 +75,12 @@ struct Runner {  // declared in runner.h; its steps' types are this file's own
   std::vector<Step> steps;
   int64_t num_buffers = 0;
   c10::DispatchKeySet include, exclude;
+  // a cuda program's (Note [Triton kernels launched in C] in cuda_launch.cpp): its device, and its kernel-only
+  // temporaries at offsets of one arena allocated per run (Note [Temporaries in one allocation] in
+  // runtime/triton.py)
+  int device = -1;
+  int64_t arena_bytes = 0;
+  std::vector<std::pair<int64_t, int64_t>> arena_slots;
 };
 
 namespace {
@@ -146,6 +156,11 @@ Step parse_step(PyObject* spec) {
     step.frees = ints_of(PyTuple_GET_ITEM(spec, 2));
     return step;
   }
+  if (kind != nullptr && std::string(kind) == "cu") {
+    step.cuda = parse_cuda_launch(spec);
+    step.frees = ints_of(PyTuple_GET_ITEM(spec, 8));
+    return step;
+  }
   const char* name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 1));
   const char* overload = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 2));
   if (name == nullptr || overload == nullptr) throw std::runtime_error("lazy runner: bad operator name");
@@ -214,10 +229,22 @@ at::Tensor settle(const at::Tensor& t, const Out& out) {
 
 // Runs the steps; returns the error bits of the first segment that reported any (0: none). Throws on ATen errors.
 // With ``graveyard``, a freed buffer moves there instead of being dropped (its last reference is then dropped where
-// the caller holds the GIL: Note [Launches on a C thread] in native_launch.cpp).
+// the caller holds the GIL: Note [Launches on a C thread] in native_launch.cpp). A cuda program's kernels go on
+// ``stream``.
 int execute(const Runner& r, std::vector<at::Tensor>& vals, void** ptrs, const double* fs, const int64_t* is,
-            uintptr_t lo, uintptr_t hi, std::vector<at::Tensor>* graveyard) {
+            uintptr_t lo, uintptr_t hi, std::vector<at::Tensor>* graveyard, void* stream) {
   c10::impl::ForceDispatchKeyGuard keys(r.include, r.exclude);
+  std::optional<c10::DeviceGuard> on_device;
+  at::Tensor arena;  // released at the run's end, stream-ordered as every cuda allocation
+  if (r.device >= 0) {
+    on_device.emplace(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(r.device)));
+    if (r.arena_bytes > 0) {
+      arena = at::empty({r.arena_bytes}, at::TensorOptions().dtype(at::kByte).device(c10::DeviceType::CUDA,
+                                                                                      r.device));
+      char* base = static_cast<char*>(arena.data_ptr());
+      for (const auto& [bid, offset] : r.arena_slots) ptrs[bid] = base + offset;
+    }
+  }
   using Segment = int (*)(void**, const double*, const int64_t*);
   std::vector<c10::IValue> stack;
   auto read = [&](const Operand& o) {
@@ -225,7 +252,9 @@ int execute(const Runner& r, std::vector<at::Tensor>& vals, void** ptrs, const d
     return o.view ? t.as_strided(o.shape, o.strides, t.storage_offset() + o.offset) : t;
   };
   for (const Step& step : r.steps) {
-    if (step.segment != nullptr) {
+    if (step.cuda) {
+      launch_cuda(*step.cuda, r.device, vals, ptrs, fs, is, stream);
+    } else if (step.segment != nullptr) {
       int err = reinterpret_cast<Segment>(step.segment)(ptrs, fs, is);
       if (err) return err;
     } else {
@@ -264,6 +293,8 @@ int execute(const Runner& r, std::vector<at::Tensor>& vals, void** ptrs, const d
         at::Tensor t = settle(stack[k].toTensor(), out);
         uintptr_t p = reinterpret_cast<uintptr_t>(t.data_ptr());
         if (lo <= p && p < hi) t = t.clone();  // a view of an arena buffer: later kernels overwrite it
+        // kernels are compiled for 16-byte aligned buffers (Note [Pre-bound launches] in runtime/triton.py)
+        if (r.device >= 0 && p % 16 != 0) t = t.clone();
         ptrs[out.bid] = t.data_ptr();
         vals[out.bid] = std::move(t);
       }
@@ -279,8 +310,9 @@ int execute(const Runner& r, std::vector<at::Tensor>& vals, void** ptrs, const d
 }  // namespace
 
 PyObject* make_runner(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 4) {
-    PyErr_SetString(PyExc_TypeError, "make_runner(steps, num_buffers, include_raw, exclude_raw)");
+  if (nargs != 4 && nargs != 7) {
+    PyErr_SetString(PyExc_TypeError,
+                    "make_runner(steps, num_buffers, include_raw, exclude_raw[, cuda_device, arena_bytes, arena_slots])");
     return nullptr;
   }
   auto* r = new Runner();
@@ -290,6 +322,15 @@ PyObject* make_runner(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     r->num_buffers = PyLong_AsLongLong(args[1]);
     r->include = c10::DispatchKeySet(c10::DispatchKeySet::RAW, PyLong_AsUnsignedLongLong(args[2]));
     r->exclude = c10::DispatchKeySet(c10::DispatchKeySet::RAW, PyLong_AsUnsignedLongLong(args[3]));
+    if (nargs == 7) {
+      r->device = static_cast<int>(PyLong_AsLong(args[4]));
+      r->arena_bytes = PyLong_AsLongLong(args[5]);
+      for (Py_ssize_t i = 0; i < PyList_Size(args[6]); ++i) {
+        PyObject* slot = PyList_GET_ITEM(args[6], i);
+        r->arena_slots.emplace_back(PyLong_AsLongLong(PyTuple_GET_ITEM(slot, 0)),
+                                    PyLong_AsLongLong(PyTuple_GET_ITEM(slot, 1)));
+      }
+    }
     if (PyErr_Occurred()) throw std::runtime_error("lazy runner: bad arguments");
   } catch (const std::exception& e) {
     delete r;
@@ -361,9 +402,9 @@ bool set_values(const Runner& r, PyObject* values, std::vector<at::Tensor>& vals
 }
 
 int execute_guarded(const Runner& r, std::vector<at::Tensor>& vals, void** ptrs, const double* fs, const int64_t* is,
-                    uintptr_t lo, uintptr_t hi, std::vector<at::Tensor>* graveyard, Failure* failure) {
+                    uintptr_t lo, uintptr_t hi, std::vector<at::Tensor>* graveyard, Failure* failure, void* stream) {
   try {
-    return execute(r, vals, ptrs, fs, is, lo, hi, graveyard);
+    return execute(r, vals, ptrs, fs, is, lo, hi, graveyard, stream);
   } catch (const c10::LinAlgError& e) {
     *failure = {PyExc_RuntimeError, e.what_without_backtrace(), "_LinAlgError"};
   } catch (const c10::OutOfMemoryError& e) {
@@ -452,6 +493,43 @@ PyObject* run_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   if (results == nullptr) return nullptr;
   return Py_BuildValue("(iN)", err, results);
+}
+
+PyObject* run_cuda_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 5) {
+    PyErr_SetString(PyExc_TypeError, "run_cuda_program(runner, scalars, values, stream, wanted)");
+    return nullptr;
+  }
+  Runner* r = runner_of(args[0]);
+  if (r == nullptr) return nullptr;
+  if (r->device < 0) {
+    PyErr_SetString(PyExc_ValueError, "run_cuda_program: not a cuda program's runner");
+    return nullptr;
+  }
+  void* stream = PyLong_AsVoidPtr(args[3]);
+  if (PyErr_Occurred()) return nullptr;
+  std::vector<double> fs;
+  std::vector<int64_t> is;
+  if (!pack_sequence(args[1], &fs, &is, "run_cuda_program: scalars must be a sequence")) return nullptr;
+  std::vector<at::Tensor> vals(r->num_buffers);
+  std::vector<void*> ptrs(r->num_buffers, nullptr);
+  if (!set_values(*r, args[2], vals, ptrs.data())) return nullptr;
+  for (int64_t bid = 0; bid < r->num_buffers; ++bid) {
+    if (vals[bid].defined() && reinterpret_cast<uintptr_t>(ptrs[bid]) % 16 != 0) {
+      std::vector<at::Tensor> drop = std::move(vals);
+      Py_RETURN_NONE;
+    }
+  }
+  Failure failure;
+  Py_BEGIN_ALLOW_THREADS
+  execute_guarded(*r, vals, ptrs.data(), fs.data(), is.data(), 0, 0, nullptr, &failure, stream);
+  Py_END_ALLOW_THREADS
+  if (failure.type != nullptr) return raise_failure(failure);
+  PyObject* results = results_of(*r, vals, args[4]);
+  {
+    std::vector<at::Tensor> drop = std::move(vals);  // as in run_program: dropped with the GIL held
+  }
+  return results;
 }
 
 }  // namespace lazy

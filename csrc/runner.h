@@ -1,4 +1,5 @@
-// A compiled cpu program run in C, without the GIL: its kernel segments and its extern ATen calls (runner.cpp).
+// A compiled program run in C, without the GIL: its kernel segments (cpu) or Triton kernels (cuda) and its extern
+// ATen calls (runner.cpp).
 #pragma once
 
 #define PY_SSIZE_T_CLEAN
@@ -30,7 +31,8 @@ Runner* runner_of(PyObject* capsule);
 int64_t runner_buffers(const Runner& r);
 bool set_values(const Runner& r, PyObject* values, std::vector<at::Tensor>& vals, void** ptrs);
 int execute_guarded(const Runner& r, std::vector<at::Tensor>& vals, void** ptrs, const double* fs, const int64_t* is,
-                    uintptr_t lo, uintptr_t hi, std::vector<at::Tensor>* graveyard, Failure* failure);
+                    uintptr_t lo, uintptr_t hi, std::vector<at::Tensor>* graveyard, Failure* failure,
+                    void* stream = nullptr);
 PyObject* raise_failure(const Failure& failure);
 PyObject* results_of(const Runner& r, const std::vector<at::Tensor>& vals, PyObject* wanted);
 // A Python tensor of ``t`` (torch._C._wrap_tensor_impl); NULL with an error set.
@@ -39,7 +41,8 @@ PyObject* wrap(const at::Tensor& t);
 // not one.
 at::Tensor tensor_of(PyObject* tensor);
 
-// make_runner(steps, num_buffers, include_raw, exclude_raw) -> capsule: the plan of a program whose externs are all
+// make_runner(steps, num_buffers, include_raw, exclude_raw[, cuda_device, arena_bytes, arena_slots]) -> capsule: the
+// plan of a program whose externs are all
 // ATen operators called with flat arguments (lazy/runtime/cpp_native.py builds ``steps``; the raw dispatch key sets
 // are those eager code runs under: Note [Executing inside __torch_dispatch__]).
 PyObject* make_runner(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
@@ -49,5 +52,11 @@ PyObject* make_runner(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 // None or the tensor of each buffer set before the run (leaves, allocated outputs, arena views), whose addresses it
 // writes into ``pointers``; ``wanted``: the buffer ids of extern results to return, as (id, tensor) pairs.
 PyObject* run_program(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+
+// run_cuda_program(runner, scalars, values, stream, wanted) -> results, or None where a value is not 16-byte
+// aligned (nothing ran; the caller takes the Python path): a cuda program (make_runner's seven-argument form) run
+// with its kernels on ``stream`` (Note [Triton kernels launched in C] in cuda_launch.cpp). ``values`` and
+// ``wanted`` as for run_program; the pointer array and the arena are the run's own.
+PyObject* run_cuda_program(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 }  // namespace lazy

@@ -1,4 +1,5 @@
-"""The plan of a compiled cpu program run in C, without the GIL (Note [Programs run in C] in csrc/runner.cpp).
+"""The plan of a compiled program run in C, without the GIL (Note [Programs run in C] in csrc/runner.cpp; a Triton
+program's kernels: Note [Triton kernels launched in C] in csrc/cuda_launch.cpp).
 
 A program qualifies when every extern step is an ``aten`` operator with a flat argument plan (runtime/reference.py
 ``_plan``: buffers, runtime scalars, constants) whose constants and results the C runner can express; otherwise it
@@ -121,7 +122,15 @@ def extern_step(op: Any, call: tuple, scalar_kinds: Sequence[Any], frees: Sequen
     return ("ext", schema.name, schema.overload_name, tuple(args), results, tuple(frees))
 
 
-def make_runner(steps: List[tuple], num_buffers: int) -> Any:
-    """The C runner of a plan (a list of ``("seg", address, frees)`` and ``extern_step`` tuples)."""
+def dtype_code(dtype: torch.dtype) -> int:
+    """The c10::ScalarType code of ``dtype``, for a buffer the C runner allocates."""
+    if not isinstance(dtype, torch.dtype) or dtype not in _CODES:
+        raise Unsupported(f"a buffer of {dtype}")
+    return _CODES[dtype]
+
+
+def make_runner(steps: List[tuple], num_buffers: int, cuda: Optional[tuple] = None) -> Any:
+    """The C runner of a plan (a list of ``("seg", address, frees)``, ``("cu", ...)`` and ``extern_step`` tuples);
+    ``cuda``: (device index, arena bytes, [(buffer, arena offset)]) of a Triton program (runtime/triton.py)."""
     include, exclude = _EAGER_KEYS
-    return _C.make_runner(steps, num_buffers, include.raw_repr(), exclude.raw_repr())
+    return _C.make_runner(steps, num_buffers, include.raw_repr(), exclude.raw_repr(), *(cuda or ()))

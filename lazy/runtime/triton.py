@@ -56,6 +56,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from .. import _C
 from ..cache import disk
 from ..codegen import triton as renderer
 from ..codegen.triton_split import split_reductions
@@ -65,6 +66,7 @@ from ..debug.log import log
 from ..ir.graph import Linearized
 from ..lower import Extern, lower
 from ..schedule import Kernel, format_schedule, schedule
+from . import cpp_native
 from . import triton_build as build
 from . import triton_launch as launcher
 from .cpp import _raise_kernel_error, describe
@@ -116,8 +118,10 @@ class Program:
         # interpreted, the kernels run from the module (a syntax error shows here, in the caller); compiled, the
         # module is loaded only for runs that take Triton's own launch path (``_fn``)
         self.module = build.load_module(path, True) if self.interpret else None
+        self.scalar_kinds = list(lowered.scalar_kinds)
         self._plan(lowered, sched)
         self._scalar_buffers(len(lin.scalars))
+        self._native: Any = None  # the C runner (Note [Triton kernels launched in C]): None unbuilt, False none
         self._pending: Any = None
         self._fallback: Optional[ReferenceProgram] = None
         self._bound: Optional[List[Any]] = None
@@ -183,6 +187,7 @@ class Program:
         self.choice[n] = j
         if self._bound:
             self._bound[n] = self._cands[n][j]
+            self._native = None  # built again, with this kernel
 
     def _tune(self, n: int, args: List[Any], stream: int, chosen: dict) -> None:
         """Note [Tuning on the first run]: time kernel ``n``'s candidates on ``args`` and keep the fastest."""
@@ -220,6 +225,7 @@ class Program:
         self.arena_slots = tuple((b.id, offsets[b.id], b.shape, b.dtype) for b in in_arena)
         kept = {b.id for b in in_arena}
         steps: List[tuple] = []
+        self._ext_ops: List[Any] = []  # each extern step's operator, for the C runner's plan
         n = 0
         for i, step in enumerate(sched.steps):
             frees = tuple(b for b in sched.frees.get(i, ()) if b not in kept)
@@ -229,6 +235,7 @@ class Program:
                 between = tuple((b.id, b.shape, b.strides, b.dtype) for b in step.outputs if b is not None) \
                     if step.name.startswith(COLLECTIVE) else None
                 steps.append((_EXTERN, extern_call(step), frees, between))
+                self._ext_ops.append(step.fn)
                 continue
             assert isinstance(step, Kernel)
             launch = self.launches[n]
@@ -237,6 +244,43 @@ class Program:
                           tuple(launch.floats), frees, _float_getter(launch)))
             n += 1
         self.steps = steps
+        self._values = [None] * self.num_buffers
+
+    def _native_runner(self) -> Any:
+        """The C runner of this program once its kernels are final (Note [Triton kernels launched in C] in
+        csrc/cuda_launch.cpp), or False: kernels Triton's own launcher launches, a collective, an extern step that
+        is not an aten operator with flat arguments, device-memory scalars (a CUDA graph's program)."""
+        if not cpp_native.NATIVE or self.interpret or self.scalar_memory:
+            return False
+        plan: List[tuple] = []
+        ops = iter(self._ext_ops)
+        try:
+            for step in self.steps:
+                if step[0] is _KERNEL:
+                    _, n, allocs, bufs, slots, _, frees, _ = step
+                    bound = self._bound[n]
+                    if not bound.static:
+                        raise cpp_native.Unsupported(f"kernel {n} is launched by Triton's launcher")
+                    params = (*bufs, *slots, *(-1 for _ in bound.hidden))
+                    codes = tuple((i, tuple(shape), cpp_native.dtype_code(dtype)) for i, shape, dtype in allocs)
+                    grid = self.variants[n][self.choice[n]].grid
+                    plan.append(("cu", bound.function, grid, 32 * bound.num_warps, bound.shared, bound.arg_types,
+                                 params, codes, frees))
+                else:
+                    _, call, frees, collective = step
+                    if collective is not None:
+                        raise cpp_native.Unsupported("a collective")
+                    plan.append(cpp_native.extern_step(next(ops), call, self.scalar_kinds, frees))
+            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            slots = [(i, off) for i, off, _, _ in self.arena_slots]
+            runner = cpp_native.make_runner(plan, self.num_buffers, (index, self.arena_bytes, slots))
+        except cpp_native.Unsupported as e:
+            log(3, f"triton program runs from Python: {e}")
+            return False
+        self._wanted = tuple(self.output_ids)
+        self._launches = self.launched_kernels()
+        self._index = index
+        return runner
 
     def _scalar_buffers(self, n: int) -> None:
         """Note [Scalars in device memory]: the device buffers (float64 slots, then int64 slots, in one
@@ -324,6 +368,20 @@ class Program:
         given, stands in for each collective: it returns (buffer id, tensor) for the collective's outputs (Note
         [Collectives in a CUDA graph] in runtime/cuda_graph.py)."""
         device = self.device
+        native = self._native
+        if native is None and not self._untuned and self._bound is not None:
+            native = self._native = self._native_runner()
+        if native and count and between is None:
+            values = self._values.copy()
+            for i, t in zip(self.leaf_ids, leaves):
+                values[i] = t
+            pairs = _C.run_cuda_program(native, scalars, values, torch._C._cuda_getCurrentRawStream(self._index),
+                                        self._wanted)
+            if pairs is not None:  # None: a leaf not 16-byte aligned, nothing ran (the path below)
+                metrics.bump_many(("executed_graphs", 1), ("executed_nodes", self.num_nodes),
+                                  ("kernels_launched", self._launches), ("triton.native_runs", 1))
+                outs = dict(pairs)
+                return [outs[i] for i in self.output_ids]
         values: List[Any] = [None] * self.num_buffers
         ptrs: List[int] = [0] * self.num_buffers
         aligned = True

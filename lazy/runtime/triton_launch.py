@@ -35,6 +35,7 @@ class Bound(NamedTuple):
     arg_types: str
     hidden: Tuple[None, ...]  # the scratch pointers Triton appends to every kernel's parameters
     grid: int
+    static: bool = False  # loaded by PyTorch's launcher: ``function`` is a CUfunction the C runner can launch
 
     def __call__(self, args: list, stream: int) -> None:
         self.launcher(self.function, self.grid, 1, 1, self.num_warps, self.shared, self.arg_types,
@@ -62,7 +63,7 @@ def load(info: Dict[str, Any], cubin: str, grid: int, device: int) -> Bound:
     loaded = static._load_kernel(cubin, info["name"], info["shared"], device)
     # (function, n_regs, n_spills); newer torch returns the module first
     return Bound(static._launch_kernel, loaded[-3], info["num_warps"], info["shared"], info["types"],
-                 (None,) * info["hidden"], grid)
+                 (None,) * info["hidden"], grid, True)
 
 
 def load_compiled(ck: Any, grid: int) -> Bound:
