@@ -12,9 +12,12 @@ A run enqueues work on the current stream and returns: it never synchronizes (th
 that). Each kernel's launch is prepared once: the loaded kernel, its launcher and argument types (Note [One
 launcher for every signature] in triton_launch.py), the grid, and the positions of its arguments, so a run calls
 the launcher directly with the tensors of its buffers and its runtime scalars, not Triton's Python launch path
-(binding, specialization and cache lookup per call). Kernels are compiled for 16-byte aligned buffers (as every
-buffer the caching allocator hands out is); a run whose leaves or extern results are not aligned takes Triton's
-own launch path, which compiles (once) and launches the variant they need.
+(binding, specialization and cache lookup per call). Once a program's block sizes are final, a program whose
+kernels PyTorch's launcher loaded and whose externs are plain ATen operators runs in C instead (Note [Triton
+kernels launched in C] in csrc/cuda_launch.cpp), the same launches without the Python loop. Kernels are compiled
+for 16-byte aligned buffers (as every buffer the caching allocator hands out is); a run whose leaves or extern
+results are not aligned takes Triton's own launch path, which compiles (once) and launches the variant they need
+(in C, an unaligned extern result is copied to an aligned buffer instead).
 
 Note [Temporaries in one allocation]
 A GPT training step's program stores about 490 buffers, most of them temporaries that only its kernels write and
