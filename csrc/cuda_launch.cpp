@@ -22,6 +22,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "runner.h"
+
 namespace lazy {
 
 namespace {
@@ -79,18 +81,6 @@ void ensure_context(const Driver& d, int device) {
   check(d, d.ctx_set_current(ctx), "cuCtxSetCurrent");
 }
 
-std::vector<int64_t> ints(PyObject* seq) {
-  std::vector<int64_t> out;
-  PyObject* fast = PySequence_Fast(seq, "lazy: expected a sequence of ints");
-  if (fast == nullptr) throw std::runtime_error("lazy runner: expected a sequence of ints");
-  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i) {
-    out.push_back(PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i)));
-  }
-  Py_DECREF(fast);
-  if (PyErr_Occurred()) throw std::runtime_error("lazy runner: expected ints");
-  return out;
-}
-
 template <typename T>
 void put(uint64_t* slot, T v) {
   std::memcpy(slot, &v, sizeof(T));
@@ -108,13 +98,13 @@ CudaLaunch parse_cuda_launch(PyObject* spec) {
   const char* types = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 5));
   if (types == nullptr) throw std::runtime_error("lazy runner: a cu step's types");
   k.types = types;
-  k.params = ints(PyTuple_GET_ITEM(spec, 6));
+  k.params = ints_of(PyTuple_GET_ITEM(spec, 6));
   PyObject* allocs = PyTuple_GET_ITEM(spec, 7);
   for (Py_ssize_t i = 0; i < PyTuple_Size(allocs); ++i) {
     PyObject* a = PyTuple_GET_ITEM(allocs, i);
     CudaAlloc alloc;
     alloc.bid = PyLong_AsLongLong(PyTuple_GET_ITEM(a, 0));
-    alloc.shape = ints(PyTuple_GET_ITEM(a, 1));
+    alloc.shape = ints_of(PyTuple_GET_ITEM(a, 1));
     alloc.dtype = static_cast<c10::ScalarType>(PyLong_AsLong(PyTuple_GET_ITEM(a, 2)));
     k.allocs.push_back(std::move(alloc));
   }

@@ -83,12 +83,6 @@ struct Runner {  // declared in runner.h; its steps' types are this file's own
   std::vector<std::pair<int64_t, int64_t>> arena_slots;
 };
 
-namespace {
-
-const char* const kCapsule = "lazy.runner";
-
-void destroy(PyObject* capsule) { delete static_cast<Runner*>(PyCapsule_GetPointer(capsule, kCapsule)); }
-
 std::vector<int64_t> ints_of(PyObject* seq) {
   std::vector<int64_t> out;
   PyObject* fast = PySequence_Fast(seq, "lazy: expected a sequence of ints");
@@ -100,6 +94,12 @@ std::vector<int64_t> ints_of(PyObject* seq) {
   if (PyErr_Occurred()) throw std::runtime_error("lazy runner: expected ints");
   return out;
 }
+
+namespace {
+
+const char* const kCapsule = "lazy.runner";
+
+void destroy(PyObject* capsule) { delete static_cast<Runner*>(PyCapsule_GetPointer(capsule, kCapsule)); }
 
 // A constant argument, tagged by the plan: ("n",) None, ("b", v), ("i", v), ("f", v), ("s", str), ("il", ints),
 // ("fl", floats), ("bl", bools).

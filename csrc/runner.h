@@ -35,6 +35,8 @@ int execute_guarded(const Runner& r, std::vector<at::Tensor>& vals, void** ptrs,
                     void* stream = nullptr);
 PyObject* raise_failure(const Failure& failure);
 PyObject* results_of(const Runner& r, const std::vector<at::Tensor>& vals, PyObject* wanted);
+// The ints of a Python sequence; throws std::runtime_error (the Python error cleared by the caller) otherwise.
+std::vector<int64_t> ints_of(PyObject* seq);
 // A Python tensor of ``t`` (torch._C._wrap_tensor_impl); NULL with an error set.
 PyObject* wrap(const at::Tensor& t);
 // The at::Tensor of a Python tensor (a new reference to its TensorImpl); undefined with an error set where it is
