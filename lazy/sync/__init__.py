@@ -56,14 +56,16 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
     metrics.bump(f"sync.{cause}")
     pending = [st for st in storages if st.value.op is not DATA]
     checks = record.take_checks() if record.PENDING_CHECKS else []  # Note [Checks run at the next sync]
-    if all(r.op is DATA for r in roots) and not pending and not checks:
+    if not pending and not checks and all(r.op is DATA for r in roots):
         SYNC_LOG.append(SyncRecord(cause, where, 0, None))
         return [launch.ready(r.data) for r in roots]
     lin = linearize(list(roots) + [st.value for st in pending] + checks)
     first_pending = len(pending)  # outputs: roots, these storages, the checks, then the storages added below
-    chosen = set(map(id, pending))
-    # every pending storage at a mark_step is among ``storages`` already
-    others = [st for st in pending_storages() if id(st) not in chosen] if cause != "mark_step" else ()
+    if cause != "mark_step":  # every pending storage at a mark_step is among ``storages`` already
+        chosen = set(map(id, pending))
+        others = [st for st in pending_storages() if id(st) not in chosen]
+    else:
+        others = ()
     if others:
         computed = [st for st in others if id(st.value) in lin.positions]
         pending.extend(computed)
@@ -82,7 +84,8 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
         raise
     # Note [Asynchronous execution] (sync/launch.py): a sync that returns no data launches and returns, if its
     # program's last run overlapped recording; on the budget then, launched or not (Note [Runs that overlap nothing])
-    overlaps = not roots and launch.overlaps(program, device)
+    asynchronous = launch.enabled(device)
+    overlaps = asynchronous and not roots and launch.overlaps(program)
     strides = launch.layout_known(program) if overlaps else None
     if strides is not None and record.CAPTURE is None and not checks:
         launch.check_leaves(lin.leaves)
@@ -106,7 +109,7 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
             raise
         seconds = time.perf_counter() - start
         metrics.bump("run_time_s", seconds)
-        if launch.enabled(device):  # what launches need to know (Note [Programs too short to launch])
+        if asynchronous:  # what launches need to know (Note [Programs too short to launch])
             launch.remember_layout(program, outs, lin.order, seconds)
     if checks:  # the checks' outputs (markers) sit between the storages asked for and those added
         at = len(roots) + first_pending
@@ -114,7 +117,7 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
     if pending:  # each storage gets a data leaf of its value (Note [Data leaves from templates])
         templates = _leaf_templates(program, len(pending))
         _C.bind_outputs(pending, outs if type(outs) is list else list(outs), len(roots), templates)
-    if not roots and launch.enabled(device):
+    if not roots and asynchronous:
         launch.watch(program, outs)
     SYNC_LOG.append(SyncRecord(cause, where, len(lin.order), hit, "" if hit else explain_miss(lin, where)))
     if config.debug >= 1:

@@ -158,11 +158,9 @@ def thread_budget(threads: int) -> int:
 # of the calling thread's threads (launching it would only cost the launch); otherwise on the budget, launched or
 # in place. A program's first run has no last one and runs with all threads. So the same script gives the same
 # thread counts, and the same bits, at every run.
-def overlaps(program: Any, device: torch.device) -> bool:
-    """Whether a mark_step's run of ``program`` on ``device`` is taken to overlap recording, as its last one did: it
-    may launch, and runs on the budget (Note [Runs that overlap nothing])."""
-    if not enabled(device):
-        return False
+def overlaps(program: Any) -> bool:
+    """Whether a mark_step's run of ``program`` (on a device where runs may launch: ``enabled``) is taken to overlap
+    recording, as its last one did: it may launch, and runs on the budget (Note [Runs that overlap nothing])."""
     entry = _entry(program)
     return entry is not None and entry.overlapped
 
