@@ -32,6 +32,7 @@ def _probe(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 def _choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, is_causal: bool,
             scale: Optional[float], device: torch.device) -> int:
     grad = torch.is_grad_enabled()
+    q, k, v = (getattr(t, "concrete", t) for t in (q, k, v))  # a SymLazy's concrete twin (capture/symbolic.py)
     key = tuple((t.shape, t.stride(), t.dtype, t.requires_grad) for t in (q, k, v)) + (dropout_p > 0, is_causal,
                                                                                          scale is None, grad, device)
     choice = _CHOICE.get(key)
