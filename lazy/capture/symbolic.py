@@ -3,11 +3,14 @@
 A ``SymLazy`` tensor pairs a lazy tensor of concrete sizes (``concrete``: ops on it record into the lazy graph as
 usual) with a FakeTensor whose sizes are symbols of a ShapeEnv (``fake``). Its own sizes, those Python code and
 autograd see, are the symbols: ``x.shape[0]`` is a SymInt, arithmetic on it stays symbolic, and a branch on it
-adds a guard to the ShapeEnv. Each op on SymLazy tensors runs on the fakes (symbolic output sizes, FakeTensor's
-meta kernels), on the concrete lazy tensors (SymInt arguments at their hints) and into an op list with its
-symbolic arguments. ``Recorder.instantiate`` replays the op list on lazy tensors of other sizes, once the
-ShapeEnv's guards hold for them: the graph of those sizes, recorded without running the Python that produced the
-ops. ``lazy.compile`` does not use it: ``dynamic=True`` raises NotImplementedError.
+adds a guard to the ShapeEnv. Inside ``with recorder:`` every op that reads a lazy tensor, takes a SymInt or makes
+a tensor on the lazy device runs on the fakes (symbolic output sizes, FakeTensor's meta kernels), on the concrete
+lazy tensors (SymInt arguments at their hints), and into an op list with its symbolic arguments; its tensor
+outputs are SymLazy. ``Recorder.instantiate`` replays the op list on lazy tensors of other sizes, once the
+ShapeEnv's guards hold for them, reading the lazy tensors the ops read that no op made (parameters, buffers,
+optimizer state: the leaves) from those same objects, as they are then: the graph of those sizes, recorded
+without running the Python that produced the ops. ``lazy.compile`` does not use it: ``dynamic=True`` raises
+NotImplementedError.
 
 Note [Symbolic sizes]
 Replaying a captured step at new sizes needs every integer the step derived from a size to be known as a function
@@ -20,9 +23,9 @@ symbols. The lazy graph itself stays concrete: each op also records on a concret
 unchanged, so the recording's own sizes run as any graph does; the op list with its SymInts is what replays.
 What the replay checks: each input's static dimensions and the ShapeEnv's guards, evaluated on the input sizes;
 Python state other than sizes is the caller's to guard (a capture's guards, Note [Guards] in capture/session.py).
-Limits of the mechanism: only ops with a SymLazy argument are recorded symbolically (a factory called with a
-symbolic size, with no tensor argument, reaches the lazy recorder with a SymInt and fails); lazy's own decisions
-on a SymLazy's sizes (the attention kernel chosen in lazy/device/sdpa.py) are taken at the concrete twin's sizes;
+A dispatch mode, not only the subclass, sees the ops: a factory called with a symbolic size has no tensor
+argument (``torch.arange(t, device=x.device)``), and an op on parameters alone (``weight.t()``) must replay on
+their values of the replay, not be kept from the recording. Limits: lazy's own decisions on a SymLazy's sizes (the attention kernel chosen in lazy/device/sdpa.py) are taken at the concrete twin's sizes;
 reading data (``.item()``, ``.cpu()``) raises; kernels are compiled per concrete size.
 """
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..device.tensor import LazyTensor
@@ -39,7 +43,8 @@ _META = torch.device("meta")  # where the fakes live (a lazy device argument is 
 
 
 class Recorder:
-    """One symbolic recording: the ShapeEnv and FakeTensorMode, the inputs (with their sources), the op list."""
+    """One symbolic recording (module docstring): the ShapeEnv and FakeTensorMode, the inputs with their sources,
+    the op list, and every tensor the ops read or made, by id. Used as ``with recorder:`` around the ops."""
 
     def __init__(self) -> None:
         from torch._subclasses.fake_tensor import FakeTensorMode
@@ -48,14 +53,25 @@ class Recorder:
         self.mode = FakeTensorMode(shape_env=self.env)
         self.inputs: List[Tuple[str, "SymLazy"]] = []
         self.ops: List[tuple] = []      # (func, args template, kwargs template, output ids)
-        self.tensors: List[Any] = []    # id -> the SymLazy (or static LazyTensor) it names
+        self.tensors: List[Any] = []    # id -> the tensor it names (held: ids of objects must stay theirs)
         self._ids: Dict[int, int] = {}
-        self._fakes: Dict[int, Tuple[Any, Any]] = {}
+        self._made: set = set()         # ids of the tensors ops made (and of the inputs)
+        self._fakes: Dict[int, Any] = {}
+        self._dispatch = _Mode(self)
 
-    # ---- inputs ----
+    def __enter__(self) -> "Recorder":
+        self._dispatch.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._dispatch.__exit__(*exc)
+
+    # ---- recording ----
 
     def input(self, name: str, t: torch.Tensor, dynamic: Sequence[int]) -> "SymLazy":
         """``t`` (a lazy tensor) as an input whose dims ``dynamic`` are symbols."""
+        if isinstance(t, SymLazy):  # made inside ``with recorder:`` (``x.to("lazy")``): its concrete tensor
+            t = t.concrete
         from torch._dynamo.source import LocalSource
         from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
         ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC if d in dynamic else DimDynamic.STATIC
@@ -64,7 +80,7 @@ class Recorder:
         fake = self.mode.from_tensor(meta, source=LocalSource(name), symbolic_context=ctx)
         s = SymLazy(t, fake, self)
         self.inputs.append((name, s))
-        self._name(s)
+        self._made.add(self._name(s))
         return s
 
     def _name(self, t: Any) -> int:
@@ -74,14 +90,53 @@ class Recorder:
             self.tensors.append(t)
         return self._ids[key]
 
-    def fake_of(self, t: Any) -> Any:
+    def id_of(self, t: Any) -> int:
+        return self._ids[id(t)]
+
+    def _fake_of(self, t: Any) -> Any:
         if isinstance(t, SymLazy):
             return t.fake
-        held = self._fakes.get(id(t))
-        if held is None:  # a lazy tensor of static sizes (a parameter): its fake once, the tensor held (its id)
+        fake = self._fakes.get(id(t))
+        if fake is None:  # a leaf (static sizes): its fake once (``tensors`` holds it, so its id stays its own)
+            self._name(t)
             meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-            held = self._fakes[id(t)] = (t, self.mode.from_tensor(meta, static_shapes=True))
-        return held[1]
+            fake = self._fakes[id(t)] = self.mode.from_tensor(meta, static_shapes=True)
+        return fake
+
+    def record(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """One op: on the fakes, on the concrete tensors, into the op list; its tensor outputs as SymLazy (an
+        output that is an argument, in place, as that argument)."""
+        from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+        fake_args = tree_map(lambda a: self._fake_of(a) if isinstance(a, torch.Tensor) else
+                             _META if isinstance(a, torch.device) and a.type == "lazy" else a, (args, kwargs))
+        try:
+            with self.mode:
+                fake_out = func(*fake_args[0], **fake_args[1])
+        except (DataDependentOutputException, DynamicOutputShapeException) as e:
+            raise RuntimeError(f"lazy: {func} needs data ({type(e).__name__}) while sizes are symbolic: a recording "
+                               "with symbolic sizes records ops only") from None
+        fakes = tree_flatten(fake_out)[0]
+        if any(isinstance(f, torch.Tensor) and f.device.type != "meta" for f in fakes):
+            raise RuntimeError(f"lazy: {func} moves a tensor off the lazy device while sizes are symbolic: a "
+                               "recording with symbolic sizes records ops only")
+        out = func(*tree_map(_hint, args), **tree_map(_hint, kwargs))
+        template = tree_map(lambda a: (_REF, self._name(a)) if isinstance(a, torch.Tensor) else a, (args, kwargs))
+        flat_args = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        outs, spec = tree_flatten(out)
+        ids: List[int] = []
+        result = []
+        for o, f in zip(outs, fakes):
+            if isinstance(o, torch.Tensor):
+                same = next((a for a in flat_args if (a.concrete if isinstance(a, SymLazy) else a) is o), None)
+                if same is None:
+                    o = SymLazy(o, f, self)
+                    self._made.add(self._name(o))
+                else:  # in place: a leaf stays a leaf (the replay reads and writes that object)
+                    o = same
+                ids.append(self._name(o))
+            result.append(o)
+        self.ops.append((func, template[0], template[1], ids))
+        return tree_unflatten(result, spec)
 
     # ---- replay at other sizes ----
 
@@ -107,34 +162,60 @@ class Recorder:
                 return str(g.expr)
         return None
 
-    def instantiate(self, values: Dict[str, torch.Tensor], static: Dict[int, Any]) -> Dict[int, Any]:
-        """Replay the op list on lazy tensors: ``values`` the inputs by name (lazy tensors of their new sizes),
-        ``static`` the other tensors the ops read, by id (``Recorder.id_of``). Returns every tensor by id."""
+    def instantiate(self, values: Dict[str, torch.Tensor]) -> Dict[int, Any]:
+        """Replay the op list on lazy tensors: ``values`` the inputs by name (lazy tensors of their new sizes); the
+        leaves are read from their objects. Returns every tensor the replay made, by id (``id_of``)."""
         binding = self.binding(values)
         broken = self.check(binding)
         if broken is not None:
-            raise ValueError(f"lazy: these sizes break a guard of the capture: {broken}")
-        env: Dict[int, Any] = dict(static)
+            raise ValueError(f"lazy: these sizes break a guard of the recording: {broken}")
+        env: Dict[int, Any] = {i: t for i, t in enumerate(self.tensors) if i not in self._made}
         for name, s in self.inputs:
             env[self._ids[id(s)]] = values[name]
 
         def concrete(a: Any) -> Any:
-            if isinstance(a, tuple) and len(a) == 2 and a[0] == _REF:
+            if _is_ref(a):
                 return env[a[1]]
             if isinstance(a, torch.SymInt):
                 return int(a.node.expr.xreplace(binding))
             return a
 
-        is_ref = lambda a: isinstance(a, tuple) and len(a) == 2 and a[0] == _REF  # noqa: E731
-        for func, args, kwargs, outs in self.ops:
-            result = func(*tree_map(concrete, args, is_leaf=is_ref), **tree_map(concrete, kwargs, is_leaf=is_ref))
-            tensors = [r for r in tree_flatten(result)[0] if isinstance(r, torch.Tensor)]
-            for i, r in zip(outs, tensors):
-                env[i] = r
+        with torch.no_grad():  # the ops are autograd's already (its backward's among them): none records again
+            for func, args, kwargs, outs in self.ops:
+                result = func(*tree_map(concrete, args, is_leaf=_is_ref),
+                              **tree_map(concrete, kwargs, is_leaf=_is_ref))
+                tensors = [r for r in tree_flatten(result)[0] if isinstance(r, torch.Tensor)]
+                for i, r in zip(outs, tensors):
+                    env[i] = r
         return env
 
-    def id_of(self, t: Any) -> int:
-        return self._ids[id(t)]
+
+def _hint(a: Any) -> Any:
+    return a.concrete if isinstance(a, SymLazy) else a.node.hint if isinstance(a, torch.SymInt) else a
+
+
+def _is_ref(a: Any) -> bool:
+    return type(a) is tuple and len(a) == 2 and a[0] == _REF
+
+
+def _lazy_op(args: tuple, kwargs: dict) -> bool:
+    """Whether an op reads a lazy tensor, takes a symbolic size or makes a tensor on the lazy device."""
+    for a in tree_flatten((args, kwargs))[0]:
+        if isinstance(a, (LazyTensor, torch.SymInt)) or (isinstance(a, torch.device) and a.type == "lazy"):
+            return True
+    return False
+
+
+class _Mode(TorchDispatchMode):
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        kwargs = kwargs or {}
+        if _lazy_op(args, kwargs):
+            return self.recorder.record(func, args, kwargs)
+        return func(*args, **kwargs)
 
 
 class SymLazy(LazyTensor):
@@ -161,40 +242,6 @@ class SymLazy(LazyTensor):
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
-        kwargs = kwargs or {}
-        rec = next(a.recorder for a in tree_flatten((args, kwargs))[0] if isinstance(a, SymLazy))
-        fake_args = tree_map(lambda a: rec.fake_of(a) if isinstance(a, torch.Tensor) else
-                             _META if isinstance(a, torch.device) and a.type == "lazy" else a, (args, kwargs))
-        from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
-        try:
-            with rec.mode:
-                fake_out = func(*fake_args[0], **fake_args[1])
-        except (DataDependentOutputException, DynamicOutputShapeException) as e:
-            raise RuntimeError(f"lazy: {func} needs data ({type(e).__name__}) while sizes are symbolic: a recording "
-                               "with symbolic sizes records ops only") from None
-        fakes = tree_flatten(fake_out)[0]
-        if any(isinstance(f, torch.Tensor) and f.device.type != "meta" for f in fakes):
-            raise RuntimeError(f"lazy: {func} moves a tensor off the lazy device while sizes are symbolic: a "
-                               "recording with symbolic sizes records ops only")
-        hint = lambda a: (a.concrete if isinstance(a, SymLazy) else  # noqa: E731
-                          a.node.hint if isinstance(a, torch.SymInt) else a)
-        out = func(*tree_map(hint, args), **tree_map(hint, kwargs))
-        template = tree_map(lambda a: (_REF, rec._name(a)) if isinstance(a, torch.Tensor) else a, (args, kwargs))
-        wrapped_ids: List[int] = []
-
-        def wrap(pair: Tuple[Any, Any]) -> Any:
-            o, f = pair
-            if not isinstance(o, torch.Tensor):
-                return o
-            for a in tree_flatten((args, kwargs))[0]:  # in place: the argument itself
-                if isinstance(a, SymLazy) and a.concrete is o:
-                    wrapped_ids.append(rec._name(a))
-                    return a
-            s = SymLazy(o, f, rec)
-            wrapped_ids.append(rec._name(s))
-            return s
-
-        outs, spec = tree_flatten(out)
-        result = [wrap(p) for p in zip(outs, fakes)]
-        rec.ops.append((func, template[0], template[1], wrapped_ids))
-        return tree_unflatten(result, spec)
+        # outside ``with recorder:`` (autograd's backward run later, say), ops on SymLazy tensors still record
+        rec = next(a.recorder for a in tree_flatten((args, kwargs or {}))[0] if isinstance(a, SymLazy))
+        return rec.record(func, args, kwargs or {})
