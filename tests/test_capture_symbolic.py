@@ -20,7 +20,7 @@ def test_an_sgd_step_recorded_once_replays_at_other_batch_sizes_on_the_current_p
     model = copy.deepcopy(ref).to("lazy")
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    sizes = (5, 8, 13, 1, 3)
+    sizes = (5, 8, 13, 2, 3)
     data = [(torch.randn(b, 20), torch.randint(0, 5, (b,))) for b in sizes]
 
     def step(net, optimizer, x, y):
@@ -84,6 +84,9 @@ def test_sizes_past_a_guard_or_a_static_dimension_are_refused():
     x, y = batch(2, 17)  # longer than the positional table: pos[:T] guarded T <= 16
     with pytest.raises(ValueError, match="guard"):
         rec.instantiate({"x": x.to("lazy"), "y": y.to("lazy")})
+    x, y = batch(1, 8)  # a symbol is never 1 (a size-1 dimension broadcasts): as torch.compile, a new capture
+    with pytest.raises(ValueError, match="2 <= s"):
+        rec.instantiate({"x": x.to("lazy"), "y": y.to("lazy")})
     _, rec, _ = gpt_recording([0])
     x, y = batch(3, 5)  # the length is static in this recording
     with pytest.raises(ValueError, match="does not match"):
@@ -119,3 +122,16 @@ def test_reading_data_while_sizes_are_symbolic_raises():
             xs.sum().item()
         with pytest.raises(RuntimeError, match="symbolic"):
             (xs * 2).cpu()
+
+
+def test_the_compiled_check_agrees_with_the_shape_env():
+    _, rec, _ = gpt_recording([0, 1])
+    check = rec.compile_check()
+    for b, t in ((1, 1), (4, 8), (9, 16), (3, 17), (2, 40)):
+        x, y = batch(b, t)
+        values = {"x": x.to("lazy"), "y": y.to("lazy")}
+        sizes = check(values)
+        assert (sizes is None) == (rec.check(rec.binding(values)) is not None)
+        if sizes is not None:
+            assert dict(zip(rec.symbols(), sizes)) == rec.binding(values)
+    assert check({"x": torch.zeros(2, 3, 1).to("lazy"), "y": torch.zeros(2, 3).to("lazy")}) is None  # rank

@@ -27,10 +27,19 @@ A dispatch mode, not only the subclass, sees the ops: a factory called with a sy
 argument (``torch.arange(t, device=x.device)``), and an op on parameters alone (``weight.t()``) must replay on
 their values of the replay, not be kept from the recording. Limits: lazy's own decisions on a SymLazy's sizes (the attention kernel chosen in lazy/device/sdpa.py) are taken at the concrete twin's sizes;
 reading data (``.item()``, ``.cpu()``) raises; kernels are compiled per concrete size.
+
+Note [Checks of symbolic sizes]
+Evaluating the ShapeEnv's guards with sympy costs 0.1-0.35 ms (two guards of a GPT step), more than a replay's
+whole host time. So the check is one generated Python function: each input's rank and static sizes compared,
+each symbol read from its source (``values['x'].shape[0]``) and compared with its range (at least 2: as Dynamo's,
+a symbol is never 0 or 1, whose broadcasting and empty cases meta kernels branch on), each guard printed as Python by sympy's printer
+(``s27 <= 16``, ``s27*s77 == s17*s94``); a guard the printer cannot write (torch's own sympy functions) is
+evaluated with sympy. It returns the symbols' values, the key a replay's per-size entries are found by.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+import math
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -58,6 +67,7 @@ class Recorder:
         self._made: set = set()         # ids of the tensors ops made (and of the inputs)
         self._fakes: Dict[int, Any] = {}
         self._dispatch = _Mode(self)
+        self._check: Optional[Callable[[Dict[str, torch.Tensor]], Optional[tuple]]] = None
 
     def __enter__(self) -> "Recorder":
         self._dispatch.__enter__()
@@ -155,20 +165,63 @@ class Recorder:
         return out
 
     def check(self, binding: Dict[Any, int]) -> Optional[str]:
-        """The first guard of the ShapeEnv the binding breaks (as text), or None."""
+        """The first guard of the ShapeEnv the binding breaks (as text), or None: a symbol's range (sizes 0 and 1
+        are not symbols' values, as in Dynamo: a size-1 dimension broadcasts), then the guards."""
         import sympy
+        for sym, value in binding.items():
+            low, high = _bounds(self.env, sym)
+            if value < low or (high is not None and value > high):
+                return f"{low} <= {sym}" + (f" <= {high}" if high is not None else "")
         for g in self.env.guards:
             if g.expr.xreplace(binding) is not sympy.true:
                 return str(g.expr)
         return None
 
+    def compile_check(self) -> Callable[[Dict[str, torch.Tensor]], Optional[tuple]]:
+        """The replay's check as one Python function of the inputs by name (Note [Checks of symbolic sizes]): the
+        symbols' values, in ``symbols()`` order, or None where a static dimension differs or a guard fails."""
+        from sympy.printing.pycode import pycode
+        syms = self.symbols()
+        lines = ["def check(values):"]
+        for name, s in self.inputs:
+            static = " or ".join(f"t.shape[{d}] != {int(n)}" for d, n in enumerate(s.shape)
+                                 if not isinstance(n, torch.SymInt))
+            lines += [f"    t = values[{name!r}]", f"    if t.dim() != {s.dim()}{' or ' + static if static else ''}:",
+                      "        return None"]
+        for sym in syms:
+            src = self.env.var_to_sources[sym][0]
+            lines.append(f"    {sym} = values[{src.base.local_name!r}].shape[{src.idx}]")
+            low, high = _bounds(self.env, sym)
+            lines += [f"    if {sym} < {low}{f' or {sym} > {high}' if high is not None else ''}:", "        return None"]
+        namespace: Dict[str, Any] = {"math": math}
+        for k, g in enumerate(self.env.guards):
+            try:
+                text = pycode(g.expr, fully_qualified_modules=False)
+                if "Not supported" in text:
+                    raise ValueError(text)
+                lines.append(f"    if not ({text}):")
+            except Exception:  # noqa: BLE001 -- a guard the printer cannot write (torch's own sympy functions)
+                namespace[f"_guard{k}"] = (g.expr, syms)
+                lines.append(f"    if _slow(_guard{k}, ({', '.join(map(str, syms))},)) is not True:")
+            lines.append("        return None")
+        lines.append(f"    return ({''.join(f'{x}, ' for x in syms)})")
+        namespace["_slow"] = _slow_guard
+        exec(compile("\n".join(lines), "<lazy.capture.symbolic check>", "exec"), namespace)  # noqa: S102
+        return namespace["check"]
+
+    def symbols(self) -> List[Any]:
+        return sorted(self.env.var_to_sources, key=str)
+
     def instantiate(self, values: Dict[str, torch.Tensor]) -> Dict[int, Any]:
         """Replay the op list on lazy tensors: ``values`` the inputs by name (lazy tensors of their new sizes); the
         leaves are read from their objects. Returns every tensor the replay made, by id (``id_of``)."""
-        binding = self.binding(values)
-        broken = self.check(binding)
-        if broken is not None:
+        if self._check is None:
+            self._check = self.compile_check()
+        sizes = self._check(values)
+        if sizes is None:  # say why: the slow path finds the dimension or the guard
+            broken = self.check(self.binding(values))
             raise ValueError(f"lazy: these sizes break a guard of the recording: {broken}")
+        binding = dict(zip(self.symbols(), sizes))
         env: Dict[int, Any] = {i: t for i, t in enumerate(self.tensors) if i not in self._made}
         for name, s in self.inputs:
             env[self._ids[id(s)]] = values[name]
@@ -188,6 +241,21 @@ class Recorder:
                 for i, r in zip(outs, tensors):
                     env[i] = r
         return env
+
+
+def _bounds(env: Any, sym: Any) -> Tuple[int, Optional[int]]:
+    """A symbol's range of values in the ShapeEnv (its upper bound None where unbounded)."""
+    vr = env.var_to_range[sym]
+    try:
+        high: Optional[int] = int(vr.upper)
+    except (TypeError, ValueError, OverflowError, AttributeError):  # torch's int_oo (unbounded)
+        high = None
+    return int(vr.lower), high
+
+
+def _slow_guard(guard: tuple, values: tuple) -> Any:
+    expr, syms = guard
+    return bool(expr.xreplace(dict(zip(syms, values))))
 
 
 def _hint(a: Any) -> Any:
