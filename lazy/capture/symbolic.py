@@ -22,7 +22,9 @@ for symbolic output sizes, and every decision taken on a size (a comparison, ``i
 symbols. The lazy graph itself stays concrete: each op also records on a concrete twin, with the recorder
 unchanged, so the recording's own sizes run as any graph does; the op list with its SymInts is what replays.
 What the replay checks: each input's static dimensions and the ShapeEnv's guards, evaluated on the input sizes;
-Python state other than sizes is the caller's to guard (a capture's guards, Note [Guards] in capture/session.py).
+Python state other than sizes is the caller's to guard (a capture's guards, Note [Guards] in capture/session.py),
+and a Python number an op takes is a constant of the op list (Adam's bias corrections, computed from a cpu step
+counter, would replay stale: a capture binds such numbers to runtime scalars, Note [Binding scalars]).
 A dispatch mode, not only the subclass, sees the ops: a factory called with a symbolic size has no tensor
 argument (``torch.arange(t, device=x.device)``), and an op on parameters alone (``weight.t()``) must replay on
 their values of the replay, not be kept from the recording. Limits: lazy's own decisions on a SymLazy's sizes (the attention kernel chosen in lazy/device/sdpa.py) are taken at the concrete twin's sizes;
