@@ -70,8 +70,14 @@ void check(const Driver& d, CUresult r, const char* what) {
                            (text != nullptr ? std::string(" (") + text + ")" : std::string()));
 }
 
+}  // namespace
+
 // As torch's static launcher: a thread with no current context gets the device's primary one.
-void ensure_context(const Driver& d, int device) {
+void enter_cuda(int device) {
+  const Driver& d = driver();
+  if (d.launch == nullptr || d.ctx_get_current == nullptr) {
+    throw std::runtime_error("lazy: the CUDA driver (libcuda.so.1, cuLaunchKernel) is not loadable");
+  }
   void* ctx = nullptr;
   check(d, d.ctx_get_current(&ctx), "cuCtxGetCurrent");
   if (ctx != nullptr) return;
@@ -80,6 +86,8 @@ void ensure_context(const Driver& d, int device) {
   check(d, d.primary_ctx_retain(&ctx, dev), "cuDevicePrimaryCtxRetain");
   check(d, d.ctx_set_current(ctx), "cuCtxSetCurrent");
 }
+
+namespace {
 
 template <typename T>
 void put(uint64_t* slot, T v) {
@@ -116,17 +124,12 @@ CudaLaunch parse_cuda_launch(PyObject* spec) {
 
 void launch_cuda(const CudaLaunch& k, int device, std::vector<at::Tensor>& vals, void** ptrs, const double* fs,
                  const int64_t* is, void* stream) {
-  const Driver& d = driver();
-  if (d.launch == nullptr || d.ctx_get_current == nullptr) {
-    throw std::runtime_error("lazy: the CUDA driver (libcuda.so.1, cuLaunchKernel) is not loadable");
-  }
   for (const CudaAlloc& a : k.allocs) {
     if (vals[a.bid].defined()) continue;
     vals[a.bid] = at::empty(a.shape, at::TensorOptions().dtype(a.dtype).device(c10::DeviceType::CUDA, device));
     ptrs[a.bid] = vals[a.bid].data_ptr();
   }
   if (k.grid == 0) return;  // an empty grid launches nothing (the Python path's ``launch.grid > 0``)
-  ensure_context(d, device);
   const size_t n = k.types.size();
   std::vector<uint64_t> storage(n, 0);
   std::vector<void*> params(n);
@@ -156,6 +159,7 @@ void launch_cuda(const CudaLaunch& k, int device, std::vector<at::Tensor>& vals,
     }
     params[j] = slot;
   }
+  const Driver& d = driver();
   check(d, d.launch(reinterpret_cast<void*>(k.function), k.grid, 1, 1, k.threads, 1, 1, k.shared, stream,
                     n ? params.data() : nullptr, nullptr),
         "cuLaunchKernel");

@@ -31,8 +31,12 @@ struct CudaLaunch {
 // (buffer id, shape, c10::ScalarType code) triples. Throws std::runtime_error on a malformed spec.
 CudaLaunch parse_cuda_launch(PyObject* spec);
 
-// Allocates what the kernel stores first, then launches it on ``stream`` (no GIL needed). Throws
-// std::runtime_error where the driver is missing or refuses the launch.
+// Before a run's first launch: the driver loaded and a context current on the calling thread (the device's primary
+// one where it has none). Throws std::runtime_error where the driver is missing or refuses.
+void enter_cuda(int device);
+
+// Allocates what the kernel stores first, then launches it on ``stream`` (no GIL needed; enter_cuda first). Throws
+// std::runtime_error where the driver refuses the launch.
 void launch_cuda(const CudaLaunch& k, int device, std::vector<at::Tensor>& vals, void** ptrs, const double* fs,
                  const int64_t* is, void* stream);
 

@@ -238,6 +238,7 @@ int execute(const Runner& r, std::vector<at::Tensor>& vals, void** ptrs, const d
   at::Tensor arena;  // released at the run's end, stream-ordered as every cuda allocation
   if (r.device >= 0) {
     on_device.emplace(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(r.device)));
+    enter_cuda(r.device);
     if (r.arena_bytes > 0) {
       arena = at::empty({r.arena_bytes}, at::TensorOptions().dtype(at::kByte).device(c10::DeviceType::CUDA,
                                                                                       r.device));
@@ -459,6 +460,29 @@ PyObject* results_of(const Runner& r, const std::vector<at::Tensor>& vals, PyObj
   return results;
 }
 
+namespace {
+
+// The run without the GIL, then its failure raised or the (id, tensor) pairs of ``wanted``; ``*err`` the
+// segments' error bits.
+PyObject* run_collect(const Runner& r, std::vector<at::Tensor>& vals, void** ptrs, const std::vector<double>& fs,
+                      const std::vector<int64_t>& is, uintptr_t lo, uintptr_t hi, void* stream, PyObject* wanted,
+                      int* err) {
+  Failure failure;
+  Py_BEGIN_ALLOW_THREADS
+  *err = execute_guarded(r, vals, ptrs, fs.data(), is.data(), lo, hi, nullptr, &failure, stream);
+  Py_END_ALLOW_THREADS
+  if (failure.type != nullptr) return raise_failure(failure);
+  PyObject* results = results_of(r, vals, wanted);
+  {
+    // the tensors Python holds lose the references taken above with the GIL held (a TensorImpl whose last reference
+    // goes may free a Python object)
+    std::vector<at::Tensor> drop = std::move(vals);
+  }
+  return results;
+}
+
+}  // namespace
+
 PyObject* run_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 7) {
     PyErr_SetString(PyExc_TypeError, "run_program(runner, pointers, scalars, values, arena_lo, arena_hi, wanted)");
@@ -480,17 +504,7 @@ PyObject* run_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   std::vector<at::Tensor> vals(r->num_buffers);
   if (!set_values(*r, args[3], vals, ptrs)) return nullptr;
   int err = 0;
-  Failure failure;
-  Py_BEGIN_ALLOW_THREADS
-  err = execute_guarded(*r, vals, ptrs, fs.data(), is.data(), lo, hi, nullptr, &failure);
-  Py_END_ALLOW_THREADS
-  if (failure.type != nullptr) return raise_failure(failure);
-  PyObject* results = results_of(*r, vals, args[6]);
-  {
-    // the tensors Python holds lose the references taken above with the GIL held (a TensorImpl whose last reference
-    // goes may free a Python object)
-    std::vector<at::Tensor> drop = std::move(vals);
-  }
+  PyObject* results = run_collect(*r, vals, ptrs, fs, is, lo, hi, nullptr, args[6], &err);
   if (results == nullptr) return nullptr;
   return Py_BuildValue("(iN)", err, results);
 }
@@ -515,21 +529,10 @@ PyObject* run_cuda_program(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   std::vector<void*> ptrs(r->num_buffers, nullptr);
   if (!set_values(*r, args[2], vals, ptrs.data())) return nullptr;
   for (int64_t bid = 0; bid < r->num_buffers; ++bid) {
-    if (vals[bid].defined() && reinterpret_cast<uintptr_t>(ptrs[bid]) % 16 != 0) {
-      std::vector<at::Tensor> drop = std::move(vals);
-      Py_RETURN_NONE;
-    }
+    if (vals[bid].defined() && reinterpret_cast<uintptr_t>(ptrs[bid]) % 16 != 0) Py_RETURN_NONE;
   }
-  Failure failure;
-  Py_BEGIN_ALLOW_THREADS
-  execute_guarded(*r, vals, ptrs.data(), fs.data(), is.data(), 0, 0, nullptr, &failure, stream);
-  Py_END_ALLOW_THREADS
-  if (failure.type != nullptr) return raise_failure(failure);
-  PyObject* results = results_of(*r, vals, args[4]);
-  {
-    std::vector<at::Tensor> drop = std::move(vals);  // as in run_program: dropped with the GIL held
-  }
-  return results;
+  int err = 0;
+  return run_collect(*r, vals, ptrs.data(), fs, is, 0, 0, stream, args[4], &err);
 }
 
 }  // namespace lazy

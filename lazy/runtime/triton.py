@@ -266,9 +266,8 @@ class Program:
                         raise cpp_native.Unsupported(f"kernel {n} is launched by Triton's launcher")
                     params = (*bufs, *slots, *(-1 for _ in bound.hidden))
                     codes = tuple((i, tuple(shape), cpp_native.dtype_code(dtype)) for i, shape, dtype in allocs)
-                    grid = self.variants[n][self.choice[n]].grid
-                    plan.append(("cu", bound.function, grid, 32 * bound.num_warps, bound.shared, bound.arg_types,
-                                 params, codes, frees))
+                    plan.append(("cu", bound.function, bound.grid, 32 * bound.num_warps, bound.shared,
+                                 bound.arg_types, params, codes, frees))
                 else:
                     _, call, frees, collective = step
                     if collective is not None:
