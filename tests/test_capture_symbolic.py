@@ -123,6 +123,19 @@ def test_a_factory_of_a_symbolic_size_replays_at_the_new_size():
     close(rec.instantiate({"x": x.to("lazy")})[rec.id_of(out)], x + torch.arange(11)[:, None])
 
 
+def test_composite_matmul_and_linear_keep_sizes_symbolic():
+    """Note [Python kernels of composite ops]: a 3-d input through ``matmul`` and a ``linear`` without bias (a
+    tied head) replays at other batch sizes and lengths."""
+    w = torch.randn(5, 16)
+    rec = Recorder()
+    with rec:
+        xs = rec.input("x", torch.randn(4, 8, 16).to("lazy"), [0, 1])
+        out = nn.functional.linear(xs, w.to("lazy")) + torch.matmul(xs, w.t().to("lazy"))
+    for b, t in ((7, 3), (2, 9)):
+        x = torch.randn(b, t, 16)
+        close(rec.instantiate({"x": x.to("lazy")})[rec.id_of(out)], 2 * x.to(EAGER) @ w.to(EAGER).t())
+
+
 def test_reading_data_while_sizes_are_symbolic_raises():
     rec = Recorder()
     with rec:

@@ -115,7 +115,7 @@ def test_key_does_not_import_triton():
     assert out.stdout.strip().splitlines()[-1] == "False"
 
 
-def test_builds_leave_no_temp_dirs(tmp_path, monkeypatch):
+def test_builds_leave_no_temp_dirs(tmp_path, monkeypatch, cpu_backing):
     """Each C++ build's private temp dir is removed once its library is cached or loaded, with the cache on and off
     (a run that compiled thousands of graphs left thousands behind)."""
     import tempfile

@@ -37,6 +37,13 @@ each symbol read from its source (``values['x'].shape[0]``) and compared with it
 a symbol is never 0 or 1, whose broadcasting and empty cases meta kernels branch on), each guard printed as Python by sympy's printer
 (``s27 <= 16``, ``s27*s77 == s17*s94``); a guard the printer cannot write (torch's own sympy functions) is
 evaluated with sympy. It returns the symbols' values, the key a replay's per-size entries are found by.
+
+Note [Python kernels of composite ops]
+A composite op (``matmul``, ``linear``) decomposes in C++ before any mode sees it, and torch 2.11's ``matmul``
+asks its argument's ``numel()``, which a tensor of symbolic sizes cannot answer (or, through a size query,
+specializes the batch to the recording's value). So the recording enables PyTorch's Python dispatcher, as
+Dynamo and make_fx do while tracing: composite ops with a Python kernel (torch._decomp's ``matmul``) run it, on
+SymInts throughout; newer torch computes the same decomposition either way.
 """
 from __future__ import annotations
 
@@ -72,11 +79,16 @@ class Recorder:
         self._check: Optional[Callable[[Dict[str, torch.Tensor]], Optional[tuple]]] = None
 
     def __enter__(self) -> "Recorder":
+        # Note [Python kernels of composite ops]
+        from torch._dispatch.python import enable_python_dispatcher
+        self._python_kernels = enable_python_dispatcher()
+        self._python_kernels.__enter__()
         self._dispatch.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._dispatch.__exit__(*exc)
+        self._python_kernels.__exit__(*exc)
 
     # ---- recording ----
 
