@@ -772,8 +772,6 @@ def test_an_error_in_a_capture_shows_the_users_lines():
 
 
 def test_options():
-    with pytest.raises(NotImplementedError, match="dynamic"):
-        lazy.compile(lambda x: x, dynamic=True)
     with pytest.raises(ValueError, match="mode"):
         lazy.compile(lambda x: x, mode="fast")
     for mode in ("default", "reduce-overhead", "max-autotune"):

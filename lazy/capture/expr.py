@@ -12,6 +12,8 @@ from __future__ import annotations
 import keyword
 from typing import Any, Dict, List, Optional, Tuple
 
+import torch
+
 
 class E:
     """An expression over the entry state: ``op`` and its operands (other E's or plain values)."""
@@ -114,6 +116,7 @@ class Renderer:
         self.shared: set = set()          # subexpressions rendered once into a temporary (see ``share``)
         self.temps: Dict[E, str] = {}
         self.preamble: List[str] = []
+        self.sized = ""  # rendering a replay at other sizes (what, for errors): symbolic constants refused
 
     def share(self, exprs: List[Any]) -> None:
         """Common subexpressions of ``exprs``: each read of state (an attribute, an item, arithmetic over them) used
@@ -146,6 +149,10 @@ class Renderer:
             return repr(value)
         if type(value) in (int, str) or (type(value) is float and value == value and abs(value) != float("inf")):
             return repr(value)
+        if isinstance(value, _SYMBOLIC):  # a size of a capture with symbolic sizes (Note [Dynamic captures])
+            if self.sized:
+                raise Unsized(f"a symbolic number ({value}) among the constants of {self.sized}")
+            return self.const(_hint(value))
         k = self._const_at.get(id(value))
         if k is None:
             k = self._const_at[id(value)] = len(self.consts)
@@ -202,6 +209,19 @@ class Renderer:
         parts = [self.expr(x) for x in args] + [f"{k}={self.expr(v)}" if k.isidentifier() else
                                                 f"**{{{k!r}: {self.expr(v)}}}" for k, v in kwargs]
         return ", ".join(parts)
+
+
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+class Unsized(Exception):
+    """A replay at other sizes would take a number of the recording's sizes as a constant."""
+
+
+def _hint(x: Any) -> Any:
+    """A symbolic number's value at the recording's sizes (no guard added)."""
+    h = x.node.hint
+    return int(h) if isinstance(x, torch.SymInt) else float(h) if isinstance(x, torch.SymFloat) else bool(h)
 
 
 def compile_function(name: str, params: str, body: List[str], consts: List[Any]) -> Any:

@@ -38,11 +38,14 @@ from ..ir.node import data_leaf
 from ..sync import launch, mark_step, pending_storages
 from ..trace import record
 from . import expr as X
+from .dynamic import Shapes, concrete_result, symbolic_arguments
+from .expr import Unsized
 from .finalize import finalize
 from .interpreter import Box, Interpreter, user_traceback
 from .policy import CapturePolicy
 from .replay import Entry, Miss, Pending, global_state
 from .session import Break, CaptureBreak, Session
+from .symbolic import Recorder
 from .tensors import CaptureHooks
 from .verify import verified_replay
 
@@ -67,10 +70,6 @@ class CompiledFunction:
                             "a coroutine; compile the function that consumes it")
         if mode not in ("default", "reduce-overhead", "max-autotune"):
             raise ValueError(f"lazy.compile: mode must be 'default', 'reduce-overhead' or 'max-autotune', not {mode!r}")
-        if dynamic:
-            raise NotImplementedError(
-                "lazy.compile(dynamic=True): lazy specializes every capture on its tensors' shapes (dynamic shapes "
-                "are not supported); leave dynamic unset: a new shape captures again, up to max_recompiles")
         self.fn = fn
         self.fullgraph = fullgraph
         self.dynamic = dynamic
@@ -123,11 +122,16 @@ class CompiledFunction:
             return RUN_PLAIN
         for entry in self.entries:
             if entry.check(bound):  # counted in capture.guard_hit by _replay
-                if config.capture_verify:
-                    out = verified_replay(self, entry, bound, lambda: self._replay(entry, bound), _MISSED)
-                else:
-                    out = self._replay(entry, bound)
+                out = self._verified(entry, bound, entry.run)
                 if out is not _MISSED:
+                    return out
+        for entry in self.entries:  # Note [Dynamic captures]
+            key = entry.shapes.key(bound) if entry.shapes is not None else None
+            sized = entry.shapes.variant(key, bound) if key is not None else None
+            if sized is not None:
+                out = self._verified(entry, bound, lambda A: entry.shapes.run(A, sized))
+                if out is not _MISSED:
+                    metrics.bump("capture.dynamic_replays")
                     return out
         metrics.bump("capture.guard_miss" if self.entries else "capture.first_call")
         if self.entries:
@@ -176,12 +180,17 @@ class CompiledFunction:
         ba.apply_defaults()
         return tuple(ba.arguments[name] for name in self.arg_names)
 
-    def _replay(self, entry: Entry, bound: tuple) -> Any:
+    def _verified(self, entry: Entry, bound: tuple, run: Callable[[tuple], Any]) -> Any:
+        if config.capture_verify:
+            return verified_replay(self, entry, bound, lambda: self._replay(entry, bound, run), _MISSED)
+        return self._replay(entry, bound, run)
+
+    def _replay(self, entry: Entry, bound: tuple, run: Callable[[tuple], Any]) -> Any:
         try:
-            out = entry.run(bound)
+            out = run(bound)
         except Pending:
             mark_step()
-            out = entry.run(bound)
+            out = run(bound)
         except Miss:
             metrics.bump("capture.guard_hit")
             return _MISSED
@@ -199,7 +208,20 @@ class CompiledFunction:
             init()
         entry_values = {id(st): (st, st.value) for st in live_storages()}
         state = global_state()
+        rec, dynamic = None, []
+        if self.dynamic:  # Note [Dynamic captures]
+            rec, bound, dynamic = symbolic_arguments(bound, self.arg_names)
         s = Session()
+        result = None
+        try:
+            result = self._capture_run(bound, s, state, entry_values, start, rec if dynamic else None, dynamic)
+        finally:
+            if dynamic:  # Note [Dropping the symbolic recording]
+                value = concrete_result(rec, s, result if result is not None else Box(None))
+        return value if dynamic else result.v
+
+    def _capture_run(self, bound: tuple, s: Session, state: tuple, entry_values: dict, start: float,
+                     rec: Optional[Recorder], dynamic: List[Tuple[int, str]]) -> Box:
         policy = CapturePolicy(s, self.fullgraph)
         interp = Interpreter(policy)  # noqa: F841 -- held for the capture run
         hooks = CaptureHooks(policy)
@@ -208,7 +230,11 @@ class CompiledFunction:
         record.CAPTURE = hooks
         CaptureHooks.current = hooks
         try:
-            result = policy.call(Box(self.fn, X.pinned(self.fn)), pos, kw)
+            if rec is not None:
+                with rec:
+                    result = policy.call(Box(self.fn, X.pinned(self.fn)), pos, kw)
+            else:
+                result = policy.call(Box(self.fn, X.pinned(self.fn)), pos, kw)
         except CaptureBreak as error:
             self.broken = s.broken
             self._event("break", str(s.broken))
@@ -237,7 +263,14 @@ class CompiledFunction:
             self._event("break", str(s.broken))
             log_topic("graph_breaks", f"{self!r} runs plainly: {s.broken}")
             log(1, f"lazy.compile: {self!r} runs plainly: {s.broken}")
-            return result.v
+            return result
+        if rec is not None and rec.dropped is None and plan.lin is not None:
+            try:
+                entry.shapes = Shapes(rec, dynamic, s, plan, entry, policy.breaks)
+            except Unsized as why:
+                rec.dropped = str(why)
+        if rec is not None and entry.shapes is None:
+            self._event("static sizes", rec.dropped or "no graph")
         _run_capture_graph(plan, entry)
         self.entries.append(entry)
         if len(self.entries) > 1:
@@ -252,7 +285,7 @@ class CompiledFunction:
             log_topic("guards", f"{self!r}:\n" + "\n".join(f"  {k} {t} == {v!r}" for k, t, v in entry.guards))
         if topic_enabled("output_code"):
             log_topic("output_code", f"{self!r}:\n{entry.check_source}\n{entry.run_source}")
-        return result.v
+        return result
 
     def _boxed_arguments(self, bound: tuple, policy: CapturePolicy) -> Tuple[List[Box], Dict[str, Box]]:
         pos: List[Box] = []

@@ -144,6 +144,7 @@ class Entry:
         self.program = program
         self.state = state
         self.hits = 0
+        self.shapes: Any = None  # a capture with symbolic sizes: its recording (lazy/capture/dynamic.py)
         # What a replay writes, for LAZY_CAPTURE_VERIFY (lazy/capture/verify.py) and lazy.explain
         self.effects = list(s.effects)
         self.storage_exprs = [e for kind, e in plan.inputs if kind == "storage"] + [e for _, e in plan.mutated]
@@ -201,8 +202,19 @@ class Entry:
 
     # ---- replay ----
 
-    def _render_run(self, s: Session, plan: Plan, breaks: Callable[[str], None]) -> Callable[[tuple], Any]:
+    def render_sized_run(self, s: Session, plan: Plan, breaks: Callable[[str], None]) -> Callable[..., Any]:
+        """``run`` as ``run(A, V)`` for a capture with symbolic sizes: what depends on the sizes (the program, the
+        constant inputs and scalars, the new tensors' layouts) read from ``V``, a ``Sized`` of lazy/capture/
+        dynamic.py, not from the recording."""
+        source = self.run_source
+        fn = self._render_run(s, plan, breaks, sized=True)
+        self.sized_run_source, self.run_source = self.run_source, source
+        return fn
+
+    def _render_run(self, s: Session, plan: Plan, breaks: Callable[[str], None],
+                    sized: bool = False) -> Callable[..., Any]:
         r = Renderer()
+        r.sized = "a replay at other sizes" if sized else ""
         r.share(_run_expressions(s, plan))
         body: List[str] = []
         if s.host_ops:
@@ -230,6 +242,7 @@ class Entry:
         if lin is not None:
             leaf_nodes = [n for n in lin.order if n.is_data]
             inputs = []
+            consts = 0
             for (kind, e), node in zip(plan.inputs, leaf_nodes):
                 if kind == "storage":
                     inputs.append(f"D[{sum(1 for i in inputs if i.startswith('D['))}]")
@@ -237,16 +250,20 @@ class Entry:
                     inputs.append(r.expr(e))
                 elif kind == "host":
                     inputs.append(f"_snapshot({r.expr(e)}, {r.const(node.dtype)})")
+                elif sized:
+                    inputs.append(f"V.consts[{consts}]")
+                    consts += 1
                 else:
                     inputs.append(r.const(e))
             body.append(f"I = [{', '.join(inputs)}]")
             scalars = []
-            for kind, v in plan.scalars:
-                scalars.append(f"R[{v}]" if kind == "reg" else r.expr(v) if kind == "expr" else r.const(v))
+            for k, (kind, v) in enumerate(plan.scalars):
+                scalars.append(f"R[{v}]" if kind == "reg" else r.expr(v) if kind == "expr" else
+                               f"V.scalars[{k}]" if sized else r.const(v))
             # a tuple: of literals only (a function's own constants), it is one constant object, which a run from
             # Python packs once (runtime/cpp.py); a run in C packs it in the call that takes its values
             body.append(f"S = ({''.join(s + ', ' for s in scalars)})")
-            body.append(f"O = {r.const(self.program)}.run(I, S)")
+            body.append(f"O = {'V.program' if sized else r.const(self.program)}.run(I, S)")
             if plan.mutated:
                 targets = "(" + "".join(f"{r.expr(e)}, " for _, e in plan.mutated) + ")"
                 indices = r.const(tuple(i for i, _ in plan.mutated))
@@ -254,8 +271,8 @@ class Entry:
                 templates = r.const(_C.leaf_templates(len(plan.mutated)))
                 # a CUDA-graph program keeps what it bound to its static memory (Note [CUDA-graph replay])
                 writes = f"{targets}, O, {indices}, {templates}"
-                body.append(f"_write_bound({r.const(self.program)}, {writes})" if hasattr(self.program, "bound")
-                            else f"_write_all({writes})")
+                body.append(f"_write_bound({r.const(self.program)}, {writes})"
+                            if hasattr(self.program, "bound") and not sized else f"_write_all({writes})")
         made: Dict[int, str] = {}
         created = list((plan.created or {}).items())
         for tid, (i, desc, numel) in created:
@@ -266,9 +283,9 @@ class Entry:
         self.reusable_grads = len(reused)
         if created:  # in one C call
             names = "".join(f"T{i}, " for _, (i, _, _) in created)
-            descs = r.const(tuple(desc for _, (_, desc, _) in created))
+            descs = "V.descs" if sized else r.const(tuple(desc for _, (_, desc, _) in created))
             indices = r.const(tuple(i for _, (i, _, _) in created))
-            numels = r.const(tuple(numel for _, (_, _, numel) in created))
+            numels = "V.numels" if sized else r.const(tuple(numel for _, (_, _, numel) in created))
             owners = "None"
             if reused:  # Note [Reused gradient wrappers]: each parameter whose old gradient may take the new value
                 for tid, k in reused.items():
@@ -278,7 +295,7 @@ class Entry:
             body.append(f"({names}) = _new_tensors({descs}, O, {indices}, {numels}, {owners}, {templates})")
         # Every value is computed before the first store: the expressions read the state as the call found it
         # (reads after the function's own stores were resolved at capture), which the stores change.
-        renderer = _Values(r, made, plan, breaks)
+        renderer = _Values(r, made, plan, breaks, [] if sized else None)
         stores = []
         assigned = set(reused.values())
         for k, eff in enumerate(s.effects):
@@ -295,12 +312,13 @@ class Entry:
         body.extend(_batched_grad_stores(stores))
         body.append("return result")
         preamble, loads = _loads_in_c(r)
-        fn = compile_function("replay", "A", preamble + body, r.consts)
+        fn = compile_function("replay", "A, V" if sized else "A", preamble + body, r.consts)
         fn.__globals__.update(_host_steps=_C.host_steps, _storage_inputs=_storage_inputs, _snapshot=to_backing,
                               _write_all=_C.replay_writes, _write_bound=_write_bound,
                               _new_tensors=_C.new_tensors, _store_grads=_C.store_grads, _consumed=_consumed,
                               _loads=loads)
         self.run_source = fn.__lazy_source__
+        self.sized_numbers = renderer.numbers
         return fn
 
 
@@ -537,13 +555,18 @@ def _guard(r: Renderer, kind: str, e: E, expected: Any) -> str:
 class _Values:
     """Renders stored and returned values: expressions, rebuilt containers, tensors the graph made."""
 
-    def __init__(self, r: Renderer, made: Dict[int, str], plan: Plan, breaks: Callable[[str], None]) -> None:
+    def __init__(self, r: Renderer, made: Dict[int, str], plan: Plan, breaks: Callable[[str], None],
+                 numbers: Optional[list] = None) -> None:
         self.r, self.made, self.plan, self.breaks = r, made, plan, breaks
+        self.numbers = numbers  # a replay at other sizes: the symbolic numbers it stores or returns (V.numbers)
 
     def value(self, b: Box) -> str:
         v, m = b.v, b.m
         if type(m) is E:
             return self.r.expr(m)
+        if self.numbers is not None and isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            self.numbers.append(v)  # a number of the sizes (``x.shape[0]`` stored): its value at the replay's
+            return f"V.numbers[{len(self.numbers) - 1}]"
         if is_lazy(v):
             name = self.made.get(id(v))
             if name is None:

@@ -21,7 +21,21 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Optional, Tuple
 
-from .expr import E
+import torch
+
+from .expr import _SYMBOLIC, E
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, torch.SymInt):
+        return int(v)
+    if isinstance(v, torch.SymFloat):
+        return float(v)
+    if isinstance(v, torch.SymBool):
+        return bool(v)
+    if type(v) in (tuple, torch.Size) and any(isinstance(x, _SYMBOLIC) for x in v):
+        return type(v)(_plain(x) for x in v)
+    return v
 
 
 @dataclasses.dataclass
@@ -96,7 +110,9 @@ class Session:
     def guard(self, kind: str, e: E, expected: Any) -> None:
         key = (kind, e)
         if key not in self.guards:
-            self.guards[key] = expected
+            # a size of a capture with symbolic sizes (Note [Dynamic captures] in capture/dynamic.py): guarded by
+            # its value, which is a guard of the recording too
+            self.guards[key] = _plain(expected)
 
     def remember(self, obj: Any) -> None:
         self.keep.append(obj)

@@ -9,8 +9,8 @@ lazy tensors (SymInt arguments at their hints), and into an op list with its sym
 outputs are SymLazy. ``Recorder.instantiate`` replays the op list on lazy tensors of other sizes, once the
 ShapeEnv's guards hold for them, reading the lazy tensors the ops read that no op made (parameters, buffers,
 optimizer state: the leaves) from those same objects, as they are then: the graph of those sizes, recorded
-without running the Python that produced the ops. ``lazy.compile`` does not use it: ``dynamic=True`` raises
-NotImplementedError.
+without running the Python that produced the ops. ``lazy.compile(dynamic=True)`` captures with it (Note [Dynamic
+captures] in lazy/capture/dynamic.py), as a recording that may be dropped (Note [Dropping the symbolic recording]).
 
 Note [Symbolic sizes]
 Replaying a captured step at new sizes needs every integer the step derived from a size to be known as a function
@@ -64,7 +64,7 @@ class Recorder:
     """One symbolic recording (module docstring): the ShapeEnv and FakeTensorMode, the inputs with their sources,
     the op list, and every tensor the ops read or made, by id. Used as ``with recorder:`` around the ops."""
 
-    def __init__(self) -> None:
+    def __init__(self, droppable: bool = False) -> None:
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
         self.env = ShapeEnv()
@@ -77,6 +77,9 @@ class Recorder:
         self._fakes: Dict[int, Any] = {}
         self._dispatch = _Mode(self)
         self._check: Optional[Callable[[Dict[str, torch.Tensor]], Optional[tuple]]] = None
+        # Note [Dropping the symbolic recording]
+        self.droppable = droppable
+        self.dropped: Optional[str] = None  # why the recording was dropped (ops run on the concrete tensors since)
 
     def __enter__(self) -> "Recorder":
         # Note [Python kernels of composite ops]
@@ -131,18 +134,28 @@ class Recorder:
         """One op: on the fakes, on the concrete tensors, into the op list; its tensor outputs as SymLazy (an
         output that is an argument, in place, as that argument)."""
         from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+        if self.dropped is not None:
+            return func(*tree_map(_hint, args), **tree_map(_hint, kwargs))
+        flat = tree_flatten((args, kwargs))[0]
+        if self.droppable and torch.is_grad_enabled() and \
+                any(isinstance(a, torch.Tensor) and a.requires_grad for a in flat):
+            return self._drop(f"{func} records autograd", func, args, kwargs)
         fake_args = tree_map(lambda a: self._fake_of(a) if isinstance(a, torch.Tensor) else
                              _META if isinstance(a, torch.device) and a.type == "lazy" else a, (args, kwargs))
         try:
             with self.mode:
                 fake_out = func(*fake_args[0], **fake_args[1])
         except (DataDependentOutputException, DynamicOutputShapeException) as e:
-            raise RuntimeError(f"lazy: {func} needs data ({type(e).__name__}) while sizes are symbolic: a recording "
-                               "with symbolic sizes records ops only") from None
+            return self._drop(f"lazy: {func} needs data ({type(e).__name__}) while sizes are symbolic: a recording "
+                              "with symbolic sizes records ops only", func, args, kwargs)
+        except Exception as e:  # noqa: BLE001 -- an op FakeTensor cannot run: dropped, or raised as it is
+            if not self.droppable:
+                raise
+            return self._drop(f"{func} has no symbolic kernel ({type(e).__name__}: {e})", func, args, kwargs)
         fakes = tree_flatten(fake_out)[0]
         if any(isinstance(f, torch.Tensor) and f.device.type != "meta" for f in fakes):
-            raise RuntimeError(f"lazy: {func} moves a tensor off the lazy device while sizes are symbolic: a "
-                               "recording with symbolic sizes records ops only")
+            return self._drop(f"lazy: {func} moves a tensor off the lazy device while sizes are symbolic: a "
+                              "recording with symbolic sizes records ops only", func, args, kwargs)
         out = func(*tree_map(_hint, args), **tree_map(_hint, kwargs))
         template = tree_map(lambda a: (_REF, self._name(a)) if isinstance(a, torch.Tensor) else a, (args, kwargs))
         flat_args = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
@@ -161,6 +174,14 @@ class Recorder:
             result.append(o)
         self.ops.append((func, template[0], template[1], ids))
         return tree_unflatten(result, spec)
+
+    def _drop(self, reason: str, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Note [Dropping the symbolic recording]: raise ``reason`` where the recording is not droppable; else
+        drop it and run the op, as every later one, on the concrete tensors."""
+        if not self.droppable:
+            raise RuntimeError(reason)
+        self.dropped = reason
+        return func(*tree_map(_hint, args), **tree_map(_hint, kwargs))
 
     # ---- replay at other sizes ----
 
@@ -226,12 +247,14 @@ class Recorder:
     def symbols(self) -> List[Any]:
         return sorted(self.env.var_to_sources, key=str)
 
-    def instantiate(self, values: Dict[str, torch.Tensor]) -> Dict[int, Any]:
+    def instantiate(self, values: Dict[str, torch.Tensor], sizes: Optional[tuple] = None) -> Dict[int, Any]:
         """Replay the op list on lazy tensors: ``values`` the inputs by name (lazy tensors of their new sizes); the
-        leaves are read from their objects. Returns every tensor the replay made, by id (``id_of``)."""
+        leaves are read from their objects. Returns every tensor the replay made, by id (``id_of``). ``sizes``:
+        the symbols' values, where the caller has checked them already."""
         if self._check is None:
             self._check = self.compile_check()
-        sizes = self._check(values)
+        if sizes is None:
+            sizes = self._check(values)
         if sizes is None:  # say why: the slow path finds the dimension or the guard
             broken = self.check(self.binding(values))
             raise ValueError(f"lazy: these sizes break a guard of the recording: {broken}")
@@ -245,6 +268,10 @@ class Recorder:
                 return env[a[1]]
             if isinstance(a, torch.SymInt):
                 return int(a.node.expr.xreplace(binding))
+            if isinstance(a, torch.SymFloat):  # 1 / sqrt(head size)
+                return float(a.node.expr.xreplace(binding))
+            if isinstance(a, torch.SymBool):
+                return bool(a.node.expr.xreplace(binding))
             return a
 
         with torch.no_grad():  # the ops are autograd's already (its backward's among them): none records again
@@ -313,11 +340,19 @@ class SymLazy(LazyTensor):
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
+    # Its lazy state is its concrete twin's, for what reads it directly (a capture's guards and graph). Every read
+    # of its data (.item(), .cpu(), print, bool: lazy/sync) starts from ``_lz_st``: it raises where the recording
+    # cannot be dropped; in a capture it reads the twin, and the sync breaks the capture.
     @property
     def _lz_st(self) -> Any:
-        # what every read of a lazy tensor's data (.item(), .cpu(), print, bool: lazy/sync) starts from
-        raise RuntimeError("lazy: reading the data of a tensor with symbolic sizes: a recording with symbolic sizes "
-                           "records ops only")
+        if not self.recorder.droppable:
+            raise RuntimeError("lazy: reading the data of a tensor with symbolic sizes: a recording with symbolic "
+                               "sizes records ops only")
+        return self.concrete._lz_st
+
+    _lz_desc = property(lambda self: self.concrete._lz_desc)
+    _lz_chain = property(lambda self: self.concrete._lz_chain)
+    _lz_cache = property(lambda self: self.concrete._lz_cache)
 
     def __repr__(self) -> str:
         return f"SymLazy(shape={tuple(self.shape)}, dtype={self.dtype})"

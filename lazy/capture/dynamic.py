@@ -1,0 +1,271 @@
+"""Captures with symbolic sizes (``lazy.compile(dynamic=True)``): one capture replayed at other sizes.
+
+Note [Dynamic captures]
+A capture with ``dynamic=True`` runs the function as any capture does (lazy/capture/function.py), with its lazy
+tensor arguments as ``SymLazy`` tensors of a symbolic recording (lazy/capture/symbolic.py): every dimension of size
+2 or more is a symbol, as in Dynamo. The capture's entry is the ordinary one, at the call's own sizes (its graph
+is the concrete twins' graph); the recording's op list rides along. A call at other sizes that the entry's shape
+guards refuse is checked instead against the entry's other guards, each dynamic argument's rank, dtype, layout
+(dense) and ``requires_grad``, and the recording's guards on the symbols (Note [Checks of symbolic sizes]); where
+they hold, the op list is replayed at the new sizes, without the function's Python, into a graph that must be the
+entry's graph node for node (ops, dtypes, ranks, inputs, runtime scalars and their kinds), whose inputs are the
+same storages and whose outputs are the same tensors; it is compiled once per sizes (``Sized``) and replays with
+the entry's rendered run, reading from it what depends on the sizes. A graph that differs, a guard that fails, a
+size outside a symbol's range: the call captures again, as without ``dynamic``.
+
+Note [Dropping the symbolic recording]
+The capture run is the call itself: what the function stores and returns, the user keeps. So the symbolic
+recording is a passenger that steps off where it cannot follow, and the capture goes on with the concrete
+tensors: an op that records autograd (the history lives on the tensor the caller sees, which a replay's op list
+could not give back), an op FakeTensor has no kernel for, a read of data. Its entry is then the ordinary, static
+one. At the end of the run every ``SymLazy`` and symbolic size the call leaves behind (returned, stored in an
+object, a list, a dict, a cell) is replaced by its concrete twin or its value, so the caller never sees the
+recording's objects.
+"""
+from __future__ import annotations
+
+import gc
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from ..cache import graph_cache
+from ..debug import metrics
+from ..device.backing import backing_device
+from ..device.tensor import LazyTensor, live_storages
+from ..ir.graph import Linearized, linearize
+from ..ir.layout import contiguous_stride, storage_numel
+from ..ir.node import DATA
+from ..sync import mark_step, pending_storages
+from ..trace import views
+from . import expr as X
+from .expr import _SYMBOLIC, Renderer, _hint, compile_function
+from .finalize import Plan, slot_kinds
+from .interpreter import Box
+from .session import Session
+from .symbolic import Recorder, SymLazy
+
+
+
+def symbolic_arguments(bound: tuple, names: Tuple[str, ...]) -> Tuple[Recorder, tuple, List[Tuple[int, str]]]:
+    """A recording whose inputs are the call's lazy tensor arguments of rank 1 or more (dimensions of size 2 or
+    more symbolic), and the arguments with those replaced by their ``SymLazy``."""
+    rec = Recorder(droppable=True)
+    out = list(bound)
+    dynamic: List[Tuple[int, str]] = []
+    for i, v in enumerate(bound):
+        if type(v) is LazyTensor and v.dim() and v._lz_chain is None and v.is_contiguous() and \
+                not v.requires_grad and any(n >= 2 for n in v.shape):
+            out[i] = rec.input(names[i], v, [d for d, n in enumerate(v.shape) if n >= 2])
+            dynamic.append((i, names[i]))
+    return rec, tuple(out), dynamic
+
+
+def concrete_result(rec: Recorder, s: Session, result: Box) -> Any:
+    """Note [Dropping the symbolic recording]: the call's result, and every place it stored into, with each
+    ``SymLazy`` replaced by its concrete twin and each symbolic number by its value."""
+    found: Dict[int, Tuple[Any, Any]] = {id(t): (t, t.concrete) for t in rec.tensors if isinstance(t, SymLazy)}
+    for eff in s.effects:
+        _collect_numbers(eff.value, found)
+        if eff.kind == "setattr" and eff.key == "grad" and isinstance(eff.value, Box) and \
+                isinstance(eff.value.v, SymLazy) and eff.place is not None and eff.place[0] in s.paths:
+            s.paths[eff.place[0]][0].grad = eff.value.v.concrete  # held by the tensor, not by a Python container
+    _collect_numbers(result, found)
+    internal = [rec.tensors, rec.inputs, *rec.inputs, s.keep, s.paths, s.written, s.created, s.storage_source]
+    _replace_references(found, internal)
+    value = result.v
+    return found[id(value)][1] if id(value) in found else value
+
+
+def _collect_numbers(b: Any, found: Dict[int, Tuple[Any, Any]]) -> None:
+    """Symbolic numbers among the values of ``b`` (a Box, a tuple of Boxes), with their hints."""
+    stack, seen = [b], set()
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, Box):
+            stack.append(x.v)
+        elif isinstance(x, _SYMBOLIC):
+            found[id(x)] = (x, _hint(x))
+        elif type(x) in (tuple, list, set, frozenset, torch.Size):
+            stack.extend(x)
+        elif type(x) is dict:
+            stack.extend(x.values())
+
+
+def _replace_references(found: Dict[int, Tuple[Any, Any]], internal: List[Any]) -> None:
+    """Replace every reference to an object of ``found`` (id -> (object, replacement)) that a dict, a list or a
+    cell holds; a tuple holding one is rebuilt and replaced in turn (added to ``found``). Frames, the capture's
+    boxes and the ``internal`` containers keep theirs."""
+    skip = {id(x) for x in internal} | {id(found)}
+    todo = dict(found)
+    for _ in range(8):  # tuples in tuples: a few levels at most
+        if not todo:
+            return
+        targets = [obj for obj, _ in todo.values()]
+        skip.add(id(targets))
+        skip.add(id(todo))
+        rebuilt: Dict[int, Tuple[Any, Any]] = {}
+        for ref in gc.get_referrers(*targets):
+            if id(ref) in skip or isinstance(ref, Box) or type(ref).__name__ == "frame":
+                continue
+            if isinstance(ref, dict):
+                for k, v in list(ref.items()):
+                    if id(v) in todo:
+                        ref[k] = todo[id(v)][1]
+            elif isinstance(ref, list):
+                for j, v in enumerate(ref):
+                    if id(v) in todo:
+                        ref[j] = todo[id(v)][1]
+            elif type(ref).__name__ == "cell":
+                if id(ref.cell_contents) in todo:
+                    ref.cell_contents = todo[id(ref.cell_contents)][1]
+            elif type(ref) is tuple and id(ref) not in found:
+                rebuilt[id(ref)] = (ref, tuple(todo[id(v)][1] if id(v) in todo else v for v in ref))
+        found.update(rebuilt)
+        todo = rebuilt
+
+
+class Sized:
+    """What a replay at one set of sizes reads besides the entry's run (``Entry.render_sized_run``)."""
+
+    __slots__ = ("program", "consts", "scalars", "descs", "numels", "numbers")
+
+    def __init__(self, program: Any, consts: list, scalars: tuple, descs: tuple, numels: tuple,
+                 numbers: tuple) -> None:
+        self.program, self.consts, self.scalars, self.descs, self.numels = program, consts, scalars, descs, numels
+        self.numbers = numbers
+
+
+class Shapes:
+    """A capture's symbolic recording and its compiled sizes (Note [Dynamic captures])."""
+
+    def __init__(self, rec: Recorder, dynamic: List[Tuple[int, str]], s: Session, plan: Plan, entry: Any,
+                 breaks: Callable[[str], None]) -> None:
+        self.rec = rec
+        self.dynamic = dynamic
+        self.plan = plan
+        self.sizes = rec.compile_check()
+        self.recorded = self.sizes({name: t.concrete for name, t in rec.inputs})
+        self.variants: Dict[tuple, Optional[Sized]] = {}
+        # each dynamic argument: rank, dtype and requires_grad, dense (its shape guard, dropped, checked these)
+        self.layouts = [(i, s_.dim(), s_.dtype) for (i, _), (_, s_) in zip(dynamic, rec.inputs)]
+        shaped = {("tensor", X.arg(i)) for i, _ in dynamic}
+        rest = [((kind, e), v) for (kind, e), v in s.guards.items() if (kind, e) not in shaped]
+        from .replay import _python_check  # the entry's own check renderer, less the dynamic shapes
+        self.check = _python_check(Renderer(), rest, entry.state)
+        self.created_ids = [rec.id_of(t) if id(t) in rec._ids else None for t in _created_tensors(s, plan)]
+        r = Renderer()
+        targets = [e for _, e in plan.mutated] + [e for kind, e in plan.inputs if kind == "storage"]
+        values = "".join(f"{r.expr(e)}, " for e in targets)  # first: the preamble then holds their temporaries
+        self.targets = compile_function("targets", "A", r.preamble + [f"return ({values})"], r.consts)
+        self.run = entry.render_sized_run(s, plan, breaks)
+        # their expressions and types, read now: the capture's end replaces symbolic numbers wherever held
+        self.numbers = [(v.node.expr, type(_hint(v))) for v in entry.sized_numbers]
+
+    def key(self, A: tuple) -> Optional[tuple]:
+        """The symbols' values of the call ``A``, or None where the call is not one this recording serves."""
+        for i, rank, dtype in self.layouts:
+            t = A[i]
+            if type(t) is not LazyTensor or t.dim() != rank or t.dtype is not dtype or t.requires_grad or \
+                    t._lz_chain is not None or not t.is_contiguous() or t._lz_st.numel != t.numel():
+                return None
+        if not self.check(A):
+            return None
+        sizes = self.sizes({name: A[i] for i, name in self.dynamic})
+        return None if sizes is None or sizes == self.recorded else sizes
+
+    def variant(self, key: tuple, A: tuple) -> Optional[Sized]:
+        if key not in self.variants:
+            if pending_storages():
+                mark_step()
+            self.variants[key] = self._build(key, A)
+            metrics.bump("capture.dynamic_compiles")
+        return self.variants[key]
+
+    def _build(self, key: tuple, A: tuple) -> Optional[Sized]:
+        """The graph of the op list at the call's sizes, compiled; None where it is not the entry's graph."""
+        plan = self.plan
+        if plan.lin is None or None in self.created_ids:
+            return None
+        saved = [(st, st.value, st.version) for st in live_storages()]
+        try:
+            env = self.rec.instantiate({name: A[i] for i, name in self.dynamic}, key)
+            targets = self.targets(A)
+            roots = [t._lz_st.value for t in targets[:len(plan.mutated)]]
+            descs, numels = [], []
+            for rid in self.created_ids:
+                t = env[rid]
+                if t._lz_chain is None:
+                    roots.append(t._lz_st.value)
+                    descs.append(t._lz_desc)
+                    numels.append(t._lz_st.numel)
+                else:
+                    shape, _, _, dtype = t._lz_desc
+                    roots.append(views.value(t))
+                    descs.append((shape, contiguous_stride(shape), 0, dtype))
+                    numels.append(storage_numel(shape, contiguous_stride(shape)))
+            lin = linearize(roots)
+        finally:
+            for st, value, version in saved:  # the op list recorded into real storages: put back
+                if st.value is not value:
+                    st.value, st.version = value, version
+        inputs = [t._lz_st.value for t in targets[len(plan.mutated):]]
+        consts = _same_graph(plan, lin, inputs)
+        if consts is None:
+            return None
+        program = graph_cache.compiler_for(graph_cache.backend_for(backing_device()))(lin, backing_device())
+        binding = dict(zip(self.rec.symbols(), key))
+        numbers = tuple(kind(expr.xreplace(binding)) for expr, kind in self.numbers)
+        return Sized(program, consts, tuple(lin.scalars), tuple(descs), tuple(numels), numbers)
+
+
+def _created_tensors(s: Session, plan: Plan) -> List[Any]:
+    """The tensors of ``plan.created`` in output order (the objects, by id, among the call's stored and returned
+    values)."""
+    objs: Dict[int, Any] = {}
+    stack: List[Any] = [plan.result] + [eff.value for eff in s.effects]
+    seen = set()
+    while stack:
+        b = stack.pop()
+        if b is None or id(b) in seen:
+            continue
+        seen.add(id(b))
+        if isinstance(b, tuple):
+            stack.extend(b)
+        elif isinstance(b, Box):
+            if isinstance(b.v, torch.Tensor):
+                objs[id(b.v)] = b.v
+            items = getattr(b.m, "items", None)
+            if items is not None:
+                stack.extend(items.values() if isinstance(items, dict) else items)
+    ordered = sorted(plan.created.items(), key=lambda kv: kv[1][0])
+    return [objs.get(tid) for tid, _ in ordered]
+
+
+def _same_graph(plan: Plan, lin: Linearized, inputs: List[Any]) -> Optional[list]:
+    """The constant inputs of ``lin`` (in order) where it is the plan's graph at other sizes: node for node the
+    same op, dtype, rank, inputs and runtime scalars of the same kinds, the same outputs, and its storage inputs
+    the storages the replay reads (``inputs``: their values now); else None."""
+    old = plan.lin
+    if len(old.order) != len(lin.order) or old.outputs != lin.outputs or len(old.scalars) != len(lin.scalars):
+        return None
+    where_old, where_new = old.positions, lin.positions
+    for a, b in zip(old.order, lin.order):
+        if a.op is not b.op or a.dtype != b.dtype or (a.shape is None) != (b.shape is None) or \
+                (a.shape is not None and len(a.shape) != len(b.shape)) or len(a.scalars) != len(b.scalars) or \
+                [where_old[id(x)] for x in a.inputs] != [where_new[id(x)] for x in b.inputs]:
+            return None
+        if a.op is not DATA and a.scalars and slot_kinds(a) != slot_kinds(b):
+            return None
+    consts = []
+    storage = iter(inputs)
+    for (kind, _), node in zip(plan.inputs, [n for n in lin.order if n.op is DATA]):
+        if kind == "storage" and next(storage) is not node:
+            return None
+        if kind == "const":
+            consts.append(node.data)
+    return consts
+

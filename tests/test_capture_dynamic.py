@@ -1,0 +1,168 @@
+"""``lazy.compile(dynamic=True)`` (lazy/capture/dynamic.py): one capture replays at other sizes, each equal to eager
+on the backing device; what the recording cannot follow specializes the capture's sizes, never its results."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import lazy
+from models import TinyGPT
+
+EAGER = str(lazy.sync.backing_device())
+CLOSE = dict(rtol=1e-4, atol=1e-5)  # compiled kernels and eager's round differently
+
+
+def counter(name):
+    return lazy.metrics.counter(name)
+
+
+def close(got, want):
+    assert type(got) is lazy.LazyTensor  # never a tensor of the recording
+    torch.testing.assert_close(got.cpu(), want.detach().cpu(), **CLOSE)
+
+
+@pytest.fixture(autouse=True)
+def verified_and_forgotten():
+    """Every replay is checked against a plain run of the same call (LAZY_CAPTURE_VERIFY), except where a test
+    counts plain runs; captures are forgotten after each test."""
+    with lazy.config.override(capture_verify=True):
+        yield
+    lazy.compile.reset()
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+
+
+def test_an_inference_function_captured_once_replays_at_other_batch_sizes():
+    ref = mlp().to(EAGER)
+    model = copy.deepcopy(ref).to("lazy")
+
+    @lazy.compile(dynamic=True)
+    def predict(x):
+        with torch.no_grad():
+            y = model(x)
+            return y.softmax(-1) * x.shape[0], y.sum()  # a size as a number in the graph
+
+    for b in (4, 5, 7, 4, 9, 5):
+        x = torch.randn(b, 8)
+        probs, total = predict(x.to("lazy"))
+        with torch.no_grad():
+            want = ref(x.to(EAGER))
+        close(probs, want.softmax(-1) * b)
+        close(total, want.sum())
+    assert counter("capture.captures") == 1
+    assert counter("capture.dynamic_compiles") == 3  # 5, 7, 9: each size compiles once
+    assert counter("capture.dynamic_replays") == 4
+
+
+def test_a_gpt_forward_replays_at_other_batch_sizes_and_lengths_up_to_its_block():
+    torch.manual_seed(0)
+    ref = TinyGPT(vocab=17, d=16, heads=2, layers=2, block=16).eval().to(EAGER)
+    model = copy.deepcopy(ref).to("lazy")
+    predict = lazy.compile(dynamic=True)(lambda idx: model(idx).detach())
+    with torch.no_grad():
+        for b, t in ((4, 8), (3, 5), (6, 16), (2, 11), (3, 5)):
+            idx = torch.randint(0, 17, (b, t))
+            close(predict(idx.to("lazy")), ref(idx.to(EAGER)))
+        assert counter("capture.captures") == 1
+        assert counter("capture.dynamic_replays") == 4
+        idx = torch.randint(0, 17, (2, 17))  # past the positional table: the recorded guard T <= 16 refuses it
+        with pytest.raises(Exception):
+            ref(idx.to(EAGER))
+        with pytest.raises(Exception):
+            predict(idx.to("lazy"))
+
+
+def test_a_training_step_records_autograd_so_its_sizes_are_static_and_its_results_eager():
+    ref = mlp().to(EAGER)
+    model = copy.deepcopy(ref).to("lazy")
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step(net, optimizer, x, y):
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(net(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    compiled = lazy.compile(dynamic=True)(lambda x, y: step(model, opt, x, y))
+    for b in (4, 4, 6, 6, 4, 6):
+        x, y = torch.randn(b, 8), torch.randint(0, 4, (b,))
+        close(compiled(x.to("lazy"), y.to("lazy")), step(ref, ref_opt, x.to(EAGER), y.to(EAGER)))
+    for p, q in zip(model.parameters(), ref.parameters()):
+        close(p, q)
+        assert type(p.grad) is type(p)  # no tensor of the recording is left behind
+    assert counter("capture.dynamic_replays") == 0
+    assert "records autograd" in lazy.explain(compiled)
+
+
+class Cache:
+    pass
+
+
+def test_what_a_dynamic_capture_stores_is_concrete_and_replays_store_the_new_sizes():
+    cache = Cache()
+    seen = []
+
+    @lazy.compile(dynamic=True)
+    def remember(x):
+        y = x * 2 + 1
+        cache.last = y
+        cache.rows = x.shape[0]
+        seen.append(y.sum(0))
+        return y.mean()
+
+    for b in (3, 5, 3, 8):
+        x = torch.randn(b, 4)
+        close(remember(x.to("lazy")), (x * 2 + 1).mean())
+        assert type(cache.last).__name__ == "LazyTensor" and type(cache.rows) is int and cache.rows == b
+        close(cache.last, x * 2 + 1)
+        assert type(seen[-1]).__name__ == "LazyTensor"
+        close(seen[-1], (x * 2 + 1).sum(0))
+    assert counter("capture.captures") == 1 and counter("capture.dynamic_replays") == 2  # 5, 8: 3 is its own
+
+
+def test_an_argument_updated_in_place_at_other_sizes():
+    @lazy.compile(dynamic=True)
+    def scale_(x, s):
+        x.mul_(s)
+        return x.sum()
+
+    for b in (3, 6, 4):
+        x = torch.randn(b, 2)
+        lx = x.to("lazy")
+        close(scale_(lx, 1.5), (x * 1.5).sum())
+        close(lx, x * 1.5)
+    assert counter("capture.dynamic_replays") == 2
+
+
+def test_size_one_and_a_changed_rank_capture_again():
+    @lazy.compile(dynamic=True)
+    def f(x):
+        return (x * 3).sum(-1)
+
+    for shape in ((4, 3), (1, 3), (5, 3), (2, 2, 3)):
+        x = torch.randn(*shape)
+        close(f(x.to("lazy")), (x * 3).sum(-1))
+    assert counter("capture.captures") == 3  # (4, 3); (1, 3): size 1 is no symbol's value; rank 3
+    assert counter("capture.dynamic_replays") == 1
+
+
+def test_a_data_read_breaks_the_capture_and_the_results_stay_eager():
+    @lazy.compile(dynamic=True)
+    def f(x):
+        y = x * 2
+        if y.sum().item() > 0:  # a sync inside: the function runs plainly
+            return y + 1
+        return y - 1
+
+    for b in (3, 5):
+        x = torch.randn(b, 2).abs()
+        out = f(x.to("lazy"))
+        assert type(out).__name__ == "LazyTensor"
+        close(out, x * 2 + 1)
+    assert counter("capture.dynamic_replays") == 0
