@@ -16,11 +16,15 @@ size outside a symbol's range: the call captures again, as without ``dynamic``.
 Note [Dropping the symbolic recording]
 The capture run is the call itself: what the function stores and returns, the user keeps. So the symbolic
 recording is a passenger that steps off where it cannot follow, and the capture goes on with the concrete
-tensors: an op that records autograd (the history lives on the tensor the caller sees, which a replay's op list
-could not give back), an op FakeTensor has no kernel for, a read of data. Its entry is then the ordinary, static
-one. At the end of the run every ``SymLazy`` and symbolic size the call leaves behind (returned, stored in an
-object, a list, a dict, a cell) is replaced by its concrete twin or its value, so the caller never sees the
-recording's objects.
+tensors: an op FakeTensor has no kernel for, a read of data, an op that moves a tensor off the lazy device. Its
+entry is then the ordinary, static one. Autograd it follows: a training step's forward, backward and optimizer
+step are one op list, and the symbolic tensors carry the autograd history the user's code sees. At the end of the
+run the recording steps off for good (ops on its tensors run on their twins from then on), and every ``SymLazy``
+without autograd history and every symbolic size the call leaves behind (returned, stored in an object, a list, a
+dict, a cell, a ``.grad``) is replaced by its concrete twin or its value, found through the garbage collector's
+referrers, so the caller sees the objects a capture without symbolic sizes gives. (A tensor with history that
+escapes, which breaks the capture anyway, stays symbolic: it runs on its twin, its history with it.) Building the
+graph of new sizes records the op list's random ops, which draw seeds: the generators are put back after it.
 """
 from __future__ import annotations
 
@@ -64,7 +68,9 @@ def symbolic_arguments(bound: tuple, names: Tuple[str, ...]) -> Tuple[Recorder, 
 def concrete_result(rec: Recorder, s: Session, result: Box) -> Any:
     """Note [Dropping the symbolic recording]: the call's result, and every place it stored into, with each
     ``SymLazy`` replaced by its concrete twin and each symbolic number by its value."""
-    found: Dict[int, Tuple[Any, Any]] = {id(t): (t, t.concrete) for t in rec.tensors if isinstance(t, SymLazy)}
+    rec.dropped = rec.dropped or "the capture ended"  # a tensor left with autograd history runs on its twin
+    found: Dict[int, Tuple[Any, Any]] = {id(t): (t, t.concrete) for t in rec.tensors
+                                         if isinstance(t, SymLazy) and not t.requires_grad}
     for eff in s.effects:
         _collect_numbers(eff.value, found)
         if eff.kind == "setattr" and eff.key == "grad" and isinstance(eff.value, Box) and \
@@ -191,6 +197,9 @@ class Shapes:
         if plan.lin is None or None in self.created_ids:
             return None
         saved = [(st, st.value, st.version) for st in live_storages()]
+        # the op list's random ops draw seeds as they record: the generators are put back, as a replay draws its own
+        generators = [torch.default_generator] + self.rec.generators()
+        states = [g.get_state() for g in generators]
         try:
             env = self.rec.instantiate({name: A[i] for i, name in self.dynamic}, key)
             targets = self.targets(A)
@@ -212,6 +221,8 @@ class Shapes:
             for st, value, version in saved:  # the op list recorded into real storages: put back
                 if st.value is not value:
                     st.value, st.version = value, version
+            for g, state in zip(generators, states):
+                g.set_state(state)
         inputs = [t._lz_st.value for t in targets[len(plan.mutated):]]
         consts = _same_graph(plan, lin, inputs)
         if consts is None:

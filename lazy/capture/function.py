@@ -335,8 +335,10 @@ class CompiledFunction:
                  f"{'y' if len(self.entries) == 1 else 'ies'}"
                  + (f", runs plainly: {self.broken}" if self.broken is not None and not self.broken.transient else "")]
         for i, entry in enumerate(self.entries):
+            sizes = "" if entry.shapes is None else \
+                f", symbolic sizes ({len(entry.shapes.variants)} other sizes compiled)"
             lines.append(f"  entry {i}: {entry.num_guards} guards, {entry.num_nodes} nodes, {len(entry.effects)} "
-                         f"effects, {entry.hits} replays")
+                         f"effects, {entry.hits} replays{sizes}")
         for event in self.events:
             lines.append(f"  {event['kind']}: {event['text']}")
         return "\n".join(lines)

@@ -136,10 +136,6 @@ class Recorder:
         from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
         if self.dropped is not None:
             return func(*tree_map(_hint, args), **tree_map(_hint, kwargs))
-        flat = tree_flatten((args, kwargs))[0]
-        if self.droppable and torch.is_grad_enabled() and \
-                any(isinstance(a, torch.Tensor) and a.requires_grad for a in flat):
-            return self._drop(f"{func} records autograd", func, args, kwargs)
         fake_args = tree_map(lambda a: self._fake_of(a) if isinstance(a, torch.Tensor) else
                              _META if isinstance(a, torch.device) and a.type == "lazy" else a, (args, kwargs))
         try:
@@ -174,6 +170,12 @@ class Recorder:
             result.append(o)
         self.ops.append((func, template[0], template[1], ids))
         return tree_unflatten(result, spec)
+
+    def generators(self) -> List[torch.Generator]:
+        """The generators the op list's random ops take."""
+        found = {id(g): g for _, args, kwargs, _ in self.ops for g in tree_flatten((args, kwargs))[0]
+                 if isinstance(g, torch.Generator)}
+        return list(found.values())
 
     def _drop(self, reason: str, func: Any, args: tuple, kwargs: dict) -> Any:
         """Note [Dropping the symbolic recording]: raise ``reason`` where the recording is not droppable; else
@@ -355,6 +357,8 @@ class SymLazy(LazyTensor):
     _lz_cache = property(lambda self: self.concrete._lz_cache)
 
     def __repr__(self) -> str:
+        if self.recorder.dropped is not None:  # a capture's tensor left to the caller: it is its twin
+            return repr(self.concrete)
         return f"SymLazy(shape={tuple(self.shape)}, dtype={self.dtype})"
 
     @classmethod
