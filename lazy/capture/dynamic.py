@@ -21,14 +21,14 @@ entry is then the ordinary, static one. Autograd it follows: a training step's f
 step are one op list, and the symbolic tensors carry the autograd history the user's code sees. At the end of the
 run the recording steps off for good (ops on its tensors run on their twins from then on), and every ``SymLazy``
 without autograd history and every symbolic size the call leaves behind (returned, stored in an object, a list, a
-dict, a cell, a ``.grad``) is replaced by its concrete twin or its value, found through the garbage collector's
-referrers, so the caller sees the objects a capture without symbolic sizes gives. (A tensor with history that
+dict, a cell, a ``.grad``) is replaced by its concrete twin or its value, at the places the capture's effects
+recorded (``Effect.held``) where they still hold it, so the caller sees the objects a capture without symbolic
+sizes gives. (A tensor with history that
 escapes, which breaks the capture anyway, stays symbolic: it runs on its twin, its history with it.) Building the
 graph of new sizes records the op list's random ops, which draw seeds: the generators are put back after it.
 """
 from __future__ import annotations
 
-import gc
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -67,71 +67,84 @@ def symbolic_arguments(bound: tuple, names: Tuple[str, ...]) -> Tuple[Recorder, 
 
 def concrete_result(rec: Recorder, s: Session, result: Box) -> Any:
     """Note [Dropping the symbolic recording]: the call's result, and every place it stored into, with each
-    ``SymLazy`` replaced by its concrete twin and each symbolic number by its value."""
+    ``SymLazy`` without autograd history replaced by its concrete twin and each symbolic number by its value."""
     rec.dropped = rec.dropped or "the capture ended"  # a tensor left with autograd history runs on its twin
-    found: Dict[int, Tuple[Any, Any]] = {id(t): (t, t.concrete) for t in rec.tensors
-                                         if isinstance(t, SymLazy) and not t.requires_grad}
+    concrete = _Concrete()
     for eff in s.effects:
-        _collect_numbers(eff.value, found)
-        if eff.kind == "setattr" and eff.key == "grad" and isinstance(eff.value, Box) and \
-                isinstance(eff.value.v, SymLazy) and eff.place is not None and eff.place[0] in s.paths:
-            s.paths[eff.place[0]][0].grad = eff.value.v.concrete  # held by the tensor, not by a Python container
-    _collect_numbers(result, found)
-    internal = [rec.tensors, rec.inputs, *rec.inputs, s.keep, s.paths, s.written, s.created, s.storage_source]
-    _replace_references(found, internal)
-    value = result.v
-    return found[id(value)][1] if id(value) in found else value
-
-
-def _collect_numbers(b: Any, found: Dict[int, Tuple[Any, Any]]) -> None:
-    """Symbolic numbers among the values of ``b`` (a Box, a tuple of Boxes), with their hints."""
-    stack, seen = [b], set()
-    while stack:
-        x = stack.pop()
-        if id(x) in seen:
+        if eff.value is None or eff.held is None:
             continue
-        seen.add(id(x))
-        if isinstance(x, Box):
-            stack.append(x.v)
-        elif isinstance(x, _SYMBOLIC):
-            found[id(x)] = (x, _hint(x))
-        elif type(x) in (tuple, list, set, frozenset, torch.Size):
-            stack.extend(x)
-        elif type(x) is dict:
-            stack.extend(x.values())
+        obj, key = eff.held
+        if eff.kind == "list_method":  # its arguments went into the list
+            for a in eff.value:
+                new = concrete(a.v)
+                if new is not a.v:
+                    obj[:] = [new if x is a.v else x for x in obj]
+            continue
+        old = eff.value.v
+        new = concrete(old)
+        if new is old:
+            continue
+        # only where the place still holds what this store put there (a later store may have replaced it)
+        if eff.kind == "setattr" and getattr(obj, key, None) is old:
+            object.__setattr__(obj, key, new) if not isinstance(obj, torch.Tensor) else setattr(obj, key, new)
+        elif eff.kind == "setitem" and _item(obj, key) is old:
+            obj[key] = new
+        elif eff.kind == "cell_set" and _item(obj, None) is old:
+            obj.cell_contents = new
+    return concrete(result.v)
 
 
-def _replace_references(found: Dict[int, Tuple[Any, Any]], internal: List[Any]) -> None:
-    """Replace every reference to an object of ``found`` (id -> (object, replacement)) that a dict, a list or a
-    cell holds; a tuple holding one is rebuilt and replaced in turn (added to ``found``). Frames, the capture's
-    boxes and the ``internal`` containers keep theirs."""
-    skip = {id(x) for x in internal} | {id(found)}
-    todo = dict(found)
-    for _ in range(8):  # tuples in tuples: a few levels at most
-        if not todo:
-            return
-        targets = [obj for obj, _ in todo.values()]
-        skip.add(id(targets))
-        skip.add(id(todo))
-        rebuilt: Dict[int, Tuple[Any, Any]] = {}
-        for ref in gc.get_referrers(*targets):
-            if id(ref) in skip or isinstance(ref, Box) or type(ref).__name__ == "frame":
-                continue
-            if isinstance(ref, dict):
-                for k, v in list(ref.items()):
-                    if id(v) in todo:
-                        ref[k] = todo[id(v)][1]
-            elif isinstance(ref, list):
-                for j, v in enumerate(ref):
-                    if id(v) in todo:
-                        ref[j] = todo[id(v)][1]
-            elif type(ref).__name__ == "cell":
-                if id(ref.cell_contents) in todo:
-                    ref.cell_contents = todo[id(ref.cell_contents)][1]
-            elif type(ref) is tuple and id(ref) not in found:
-                rebuilt[id(ref)] = (ref, tuple(todo[id(v)][1] if id(v) in todo else v for v in ref))
-        found.update(rebuilt)
-        todo = rebuilt
+_MISSING = object()
+
+
+def _item(obj: Any, key: Any) -> Any:
+    try:
+        return obj.cell_contents if key is None else obj[key]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return _MISSING
+
+
+class _Concrete:
+    """A value with the recording's objects replaced: a ``SymLazy`` without history by its twin, a symbolic
+    number by its value; lists, dicts and plain objects are changed in place, tuples rebuilt."""
+
+    _OPAQUE = (torch.Tensor, torch.nn.Module, type, torch.optim.Optimizer)
+
+    def __init__(self) -> None:
+        self.memo: Dict[int, Any] = {}
+
+    def __call__(self, v: Any, depth: int = 0) -> Any:
+        if isinstance(v, SymLazy):
+            return v.concrete if not v.requires_grad else v
+        if isinstance(v, _SYMBOLIC):
+            return _hint(v)
+        if v is None or type(v) in (int, float, bool, str) or depth > 6:
+            return v
+        if id(v) in self.memo:
+            return self.memo[id(v)]
+        self.memo[id(v)] = v  # cycles: the object itself
+        out = v
+        if type(v) is list:
+            for i, x in enumerate(v):
+                y = self(x, depth + 1)
+                if y is not x:
+                    v[i] = y
+        elif isinstance(v, dict):
+            for k, x in list(v.items()):
+                y = self(x, depth + 1)
+                if y is not x:
+                    v[k] = y
+        elif isinstance(v, tuple):
+            items = [self(x, depth + 1) for x in v]
+            if any(y is not x for x, y in zip(items, v)):
+                out = type(v)(items) if type(v) in (tuple, torch.Size) else type(v)(*items)
+        elif hasattr(v, "__dict__") and not isinstance(v, self._OPAQUE) and not callable(v):
+            for k, x in list(vars(v).items()):
+                y = self(x, depth + 1)
+                if y is not x:
+                    object.__setattr__(v, k, y)
+        self.memo[id(v)] = out
+        return out
 
 
 class Sized:
@@ -159,9 +172,8 @@ class Shapes:
         # each dynamic argument: rank, dtype and requires_grad, dense (its shape guard, dropped, checked these)
         self.layouts = [(i, s_.dim(), s_.dtype) for (i, _), (_, s_) in zip(dynamic, rec.inputs)]
         shaped = {("tensor", X.arg(i)) for i, _ in dynamic}
-        rest = [((kind, e), v) for (kind, e), v in s.guards.items() if (kind, e) not in shaped]
-        from .replay import _python_check  # the entry's own check renderer, less the dynamic shapes
-        self.check = _python_check(Renderer(), rest, entry.state)
+        rest = [(kind, e, v) for (kind, e), v in s.guards.items() if (kind, e) not in shaped]
+        self.check = entry.compile_check(rest)  # the entry's guard program, less the dynamic shapes
         self.created_ids = [rec.id_of(t) if id(t) in rec._ids else None for t in _created_tensors(s, plan)]
         r = Renderer()
         targets = [e for _, e in plan.mutated] + [e for kind, e in plan.inputs if kind == "storage"]

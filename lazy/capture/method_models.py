@@ -59,7 +59,7 @@ def _list_effect(p: Any, recv: Box, name: str, args: List[Box]) -> Box:
             for a in args:
                 p.concrete(a)
         from .session import Effect
-        p.s.effects.append(Effect("list_method", m, name, tuple(args)))
+        p.s.effects.append(Effect("list_method", m, name, tuple(args), held=(v, None)))
         if name == "pop":
             p.breaks("pops from a list of its inputs and uses the value")
         return Box(result)

@@ -155,16 +155,17 @@ class CapturePolicy(Policy):
 
     def store_global(self, frame: Frame, name: str, value: Box) -> None:
         frame.globals[name] = value.v
-        self._effect("setitem", X.pinned(frame.globals), name, value, (id(frame.globals), name))
+        self._effect("setitem", X.pinned(frame.globals), name, value, (id(frame.globals), name),
+                     held=(frame.globals, name))
 
     def delete_global(self, frame: Frame, name: str) -> None:
         del frame.globals[name]
         self._effect("delitem", X.pinned(frame.globals), name, None, (id(frame.globals), name))
 
     def _effect(self, kind: str, target: E, key: Any, value: Optional[Box], written_key: Any,
-                obj: Any = None) -> None:
+                obj: Any = None, held: Any = None) -> None:
         place = written_key if value is not None and _plain_store(kind, obj, key) else None
-        self.s.effects.append(Effect(kind, target, key, value, place))
+        self.s.effects.append(Effect(kind, target, key, value, place, held))
         if value is not None:
             self.s.written[written_key] = value
         else:
@@ -221,7 +222,7 @@ class CapturePolicy(Policy):
             m.attrs[name] = value
         elif type(m) is E:
             self.need(obj, "type")
-            self._effect("setattr", m, name, value, (id(v), name), v)
+            self._effect("setattr", m, name, value, (id(v), name), v, (v, name))
         elif not (is_tensor(v) and m is None):
             self.breaks(f"stores attribute {name!r} on a {type(v).__name__} it did not reach through its inputs")
 
@@ -295,7 +296,8 @@ class CapturePolicy(Policy):
             self.need(obj, "type")
             kexpr = self.key_of(key)
             v[key.v] = value.v
-            self._effect("setitem", m, kexpr, value, (id(v), ("item", id(key.v) if type(kexpr) is E else kexpr)), v)
+            self._effect("setitem", m, kexpr, value, (id(v), ("item", id(key.v) if type(kexpr) is E else kexpr)), v,
+                         (v, key.v))
             return
         self.breaks(f"stores into a {type(v).__name__} it did not reach through its inputs")
         v[key.v] = value.v
@@ -508,7 +510,7 @@ class CapturePolicy(Policy):
         if type(m) is New:
             m.items = value
         elif type(m) is E:
-            self.s.effects.append(Effect("cell_set", m, None, value))
+            self.s.effects.append(Effect("cell_set", m, None, value, held=(cell.v, None)))
         else:
             self.breaks("writes a closure variable of a function it did not reach through its inputs")
 

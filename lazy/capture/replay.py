@@ -155,7 +155,9 @@ class Entry:
         self.num_guards = len(s.guards) + 1
         self.num_nodes = len(plan.lin.order) if plan.lin is not None else 0
         self.python_check = self._render_check(s, plan)
-        self.check = self._compile_check(s)  # Note [Guard programs] in csrc/capture_guards.cpp
+        guards = [(kind, e, expected) for (kind, e), expected in s.guards.items()]
+        self.check = self.compile_check(guards)  # Note [Guard programs] in csrc/capture_guards.cpp
+        self.guard_program, self.residual_guards = self.last_program, self.last_residual
         self.run = self._render_run(s, plan, breaks)
 
     # ---- guards ----
@@ -176,12 +178,11 @@ class Entry:
         self._consts = r.consts
         return fn
 
-    def _compile_check(self, s: Session) -> Callable[[tuple], bool]:
-        """The guard program, then the Python check of the guards it cannot express (if any)."""
-        guards = [(kind, e, expected) for (kind, e), expected in s.guards.items()]
+    def compile_check(self, guards: List[tuple]) -> Callable[[tuple], bool]:
+        """The guard program of ``guards`` ((kind, expression, expected)) and the global state, then the Python
+        check of the guards it cannot express (if any). The entry's own is ``check``."""
         program, residual = compile_guards(self.state, guards, STATE_CALLS, tensor_signature)
-        self.guard_program = program
-        self.residual_guards = residual
+        self.last_program, self.last_residual = program, residual
         if not residual:
             return program
         rest = _python_check(Renderer(), [((kind, e), expected) for kind, e, expected in residual], None)

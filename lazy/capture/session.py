@@ -76,6 +76,9 @@ class Effect:
     # (id(object), key) of a store that a later store to the same place makes dead, where storing has no effect
     # but the value (Note [Dead stores] in lazy/capture/replay.py); None for other effects
     place: Any = None
+    # (object, key) the store went to, as the call ran: a capture with symbolic sizes makes what the call stored
+    # concrete there (Note [Dropping the symbolic recording] in lazy/capture/dynamic.py)
+    held: Any = None
 
 
 @dataclasses.dataclass

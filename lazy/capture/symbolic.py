@@ -48,6 +48,7 @@ SymInts throughout; newer torch computes the same decomposition either way.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -136,33 +137,51 @@ class Recorder:
         from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
         if self.dropped is not None:
             return func(*tree_map(_hint, args), **tree_map(_hint, kwargs))
+        flat = tree_flatten((args, kwargs))[0]
+        if _static(func, flat):  # Note [Ops of static sizes]
+            return self._append(func, args, kwargs, func(*tree_map(_hint, args), **tree_map(_hint, kwargs)), None)
         fake_args = tree_map(lambda a: self._fake_of(a) if isinstance(a, torch.Tensor) else
                              _META if isinstance(a, torch.device) and a.type == "lazy" else a, (args, kwargs))
+        # NOTE: a capture watches native calls with a profile function (capture/tensors.py's tripwire), which
+        # FakeTensor's Python would call thousands of times an op; the concrete run below stays watched
+        watcher = sys.getprofile()
+        sys.setprofile(None)
+        failed = None
         try:
             with self.mode:
                 fake_out = func(*fake_args[0], **fake_args[1])
         except (DataDependentOutputException, DynamicOutputShapeException) as e:
-            return self._drop(f"lazy: {func} needs data ({type(e).__name__}) while sizes are symbolic: a recording "
-                              "with symbolic sizes records ops only", func, args, kwargs)
+            failed = (f"lazy: {func} needs data ({type(e).__name__}) while sizes are symbolic: a recording with "
+                      "symbolic sizes records ops only")
         except Exception as e:  # noqa: BLE001 -- an op FakeTensor cannot run: dropped, or raised as it is
             if not self.droppable:
                 raise
-            return self._drop(f"{func} has no symbolic kernel ({type(e).__name__}: {e})", func, args, kwargs)
+            failed = f"{func} has no symbolic kernel ({type(e).__name__}: {e})"
+        finally:
+            sys.setprofile(watcher)
+        if failed is None and any(isinstance(f, torch.Tensor) and f.device.type != "meta"
+                                  for f in tree_flatten(fake_out)[0]):
+            failed = (f"lazy: {func} moves a tensor off the lazy device while sizes are symbolic: a recording with "
+                      "symbolic sizes records ops only")
+        if failed is not None:
+            return self._drop(failed, func, args, kwargs)
         fakes = tree_flatten(fake_out)[0]
-        if any(isinstance(f, torch.Tensor) and f.device.type != "meta" for f in fakes):
-            return self._drop(f"lazy: {func} moves a tensor off the lazy device while sizes are symbolic: a "
-                              "recording with symbolic sizes records ops only", func, args, kwargs)
-        out = func(*tree_map(_hint, args), **tree_map(_hint, kwargs))
+        return self._append(func, args, kwargs, func(*tree_map(_hint, args), **tree_map(_hint, kwargs)), fakes)
+
+    def _append(self, func: Any, args: tuple, kwargs: dict, out: Any, fakes: Optional[list]) -> Any:
+        """The op into the op list, its outputs named; each a SymLazy of its fake, or (``fakes`` None: sizes all
+        static) the concrete tensor itself."""
         template = tree_map(lambda a: (_REF, self._name(a)) if isinstance(a, torch.Tensor) else a, (args, kwargs))
         flat_args = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
         outs, spec = tree_flatten(out)
         ids: List[int] = []
         result = []
-        for o, f in zip(outs, fakes):
+        for k, o in enumerate(outs):
             if isinstance(o, torch.Tensor):
                 same = next((a for a in flat_args if (a.concrete if isinstance(a, SymLazy) else a) is o), None)
                 if same is None:
-                    o = SymLazy(o, f, self)
+                    if fakes is not None:
+                        o = SymLazy(o, fakes[k], self)
                     self._made.add(self._name(o))
                 else:  # in place: a leaf stays a leaf (the replay reads and writes that object)
                     o = same
@@ -299,6 +318,33 @@ def _bounds(env: Any, sym: Any) -> Tuple[int, Optional[int]]:
 def _slow_guard(guard: tuple, values: tuple) -> Any:
     expr, syms = guard
     return bool(expr.xreplace(dict(zip(syms, values))))
+
+
+# Note [Ops of static sizes]
+# Most ops of a training step have no symbolic size at all: an optimizer's update of a parameter, the head's
+# weight gradient once the batch is summed out. Such an op runs on the concrete tensors alone (FakeTensor and
+# the ShapeEnv cost ~1-3 ms an op) and its outputs are the concrete lazy tensors themselves, named in the op list
+# as any output is: a replay reruns it on that replay's tensors. Only ops that return tensors, read no host tensor
+# and take no other device qualify: a read of data takes the symbolic path, which refuses or drops it.
+_STATIC_OK: Dict[Any, bool] = {}
+_SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _static(func: Any, flat: list) -> bool:
+    ok = _STATIC_OK.get(func)
+    if ok is None:
+        schema = getattr(func, "_schema", None)
+        ok = _STATIC_OK[func] = schema is not None and all(str(r.type).startswith("Tensor") for r in schema.returns) \
+            and not any(t in func.tags for t in (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape))
+    if not ok:
+        return False
+    for a in flat:
+        if isinstance(a, _SYM) or isinstance(a, torch.device) and a.type != "lazy":
+            return False
+        if isinstance(a, torch.Tensor) and (not isinstance(a, LazyTensor) or
+                                            any(isinstance(d, torch.SymInt) for d in a.shape)):
+            return False
+    return True
 
 
 def _hint(a: Any) -> Any:

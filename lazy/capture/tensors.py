@@ -222,7 +222,7 @@ def _backward_effects(p: Any, before: Dict[int, Any], args: list, kwargs: dict) 
         new = t.grad
         if new is not before.get(k):
             value = Box(new)
-            p.s.effects.append(Effect("setattr", b.m, "grad", value, (id(t), "grad")))
+            p.s.effects.append(Effect("setattr", b.m, "grad", value, (id(t), "grad"), (t, "grad")))
             p.s.written[(id(t), "grad")] = value
     roots = args[0] if args else kwargs.get("tensors", ())
     p.s.backward_roots.extend(roots if isinstance(roots, (list, tuple)) else [roots])
