@@ -168,6 +168,21 @@ def test_what_a_dynamic_capture_stores_is_concrete_and_replays_store_the_new_siz
     assert counter("capture.captures") == 1 and counter("capture.dynamic_replays") == 2  # 5, 8: 3 is its own
 
 
+def test_a_branch_on_a_size_keeps_one_entry_per_side_and_returned_sizes_follow_the_call():
+    @lazy.compile(dynamic=True)
+    def f(x):
+        if x.shape[0] > 8:  # a guard of the recording: s0 > 8
+            return x * 2, x.shape[0] * 3
+        return x - 1, x.shape[0] + 100
+
+    for b in (10, 12, 4, 6, 10, 16, 5):
+        x = torch.randn(b, 3)
+        out, n = f(x.to("lazy"))
+        close(out, x * 2 if b > 8 else x - 1)
+        assert type(n) is int and n == (b * 3 if b > 8 else b + 100)
+    assert counter("capture.captures") == 2 and counter("capture.dynamic_replays") == 4
+
+
 def test_an_argument_updated_in_place_at_other_sizes():
     @lazy.compile(dynamic=True)
     def scale_(x, s):
