@@ -183,6 +183,47 @@ def test_a_branch_on_a_size_keeps_one_entry_per_side_and_returned_sizes_follow_t
     assert counter("capture.captures") == 2 and counter("capture.dynamic_replays") == 4
 
 
+def test_python_counters_of_sizes_replay_as_expressions():
+    """``seen += x.shape[0]`` is an expression of the argument's size and of the counter, read at each replay: the
+    counter is not guarded by its value (which changes every call), and a replay at another size adds that size."""
+    stats = Cache()
+    stats.rows, stats.elements = 0, 0
+
+    @lazy.compile(dynamic=True)
+    def f(x):
+        stats.rows += x.shape[0]
+        stats.elements = stats.elements + x.shape[0] * x.shape[1]
+        return x * 2, x.size()
+
+    rows = elements = 0
+    for b in (10, 12, 4, 10, 7):
+        x = torch.randn(b, 3)
+        out, size = f(x.to("lazy"))
+        rows, elements = rows + b, elements + 3 * b
+        close(out, x * 2)
+        assert (stats.rows, stats.elements) == (rows, elements) and type(stats.rows) is int
+        assert size == torch.Size((b, 3)) and type(size) is torch.Size and type(size[0]) is int
+    assert counter("capture.captures") == 1 and counter("capture.dynamic_replays") == 3
+
+
+def test_a_size_used_as_a_value_specializes_its_capture():
+    """A size as a dict key, a loop count, a list length or text is its value (a guard of the recording, as in
+    Dynamo): each size captures, with eager's results."""
+    table = {10: 1.0, 12: 2.0, 4: 3.0}
+
+    @lazy.compile(dynamic=True)
+    def f(x):
+        n = x.shape[0]
+        return x * table[n], list(range(n))[-1], [0] * n, f"{n} rows"
+
+    for b in (10, 12, 4, 12):
+        x = torch.randn(b, 3)
+        out, last, zeros, text = f(x.to("lazy"))
+        close(out, x * table[b])
+        assert (last, len(zeros), text) == (b - 1, b, f"{b} rows") and type(last) is int
+    assert counter("capture.captures") == 3 and counter("capture.dynamic_replays") == 0
+
+
 def test_an_argument_updated_in_place_at_other_sizes():
     @lazy.compile(dynamic=True)
     def scale_(x, s):

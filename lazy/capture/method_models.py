@@ -225,6 +225,10 @@ def tensor_attribute(p: Any, obj: Box, name: str) -> Box:
     v, m = obj.v, obj.m
     if name in TENSOR_METADATA:
         p.need(obj, "tensor")
+        if name in ("shape", "ndim") and type(m) is E:
+            # read from the state at each replay: a number the call derives from a size (``n += x.shape[0]``)
+            # is an expression, not a constant (guarded where it decides anything: Note [Guards])
+            return Box(getattr(v, name), X.attr(m, name))
         return Box(getattr(v, name))
     if name == "grad":
         value = v.grad

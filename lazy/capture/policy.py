@@ -30,6 +30,11 @@ from .interpreter import Box, Frame, Generator, decode
 from .plain_policy import BINARY, COMPARE, UNARY, Policy
 from .session import CaptureBreak, Effect, Session
 
+# Numbers arithmetic keeps symbolic: Python's, and a capture's symbolic sizes (Note [Dynamic captures])
+SIZES = frozenset(NUMBERS) | {torch.SymInt, torch.SymFloat}
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
 class CapturePolicy(Policy):
     def __init__(self, session: Session, fullgraph: bool = False) -> None:
         self.s = session
@@ -64,6 +69,11 @@ class CapturePolicy(Policy):
         if type(e) is not E:
             return
         v = b.v
+        if isinstance(v, _SYMBOLIC) and how != "type":
+            # a size of a capture with symbolic sizes: what is decided on it (``int()``, ``bool()``, a branch) is a
+            # guard of its ShapeEnv, checked at a replay of other sizes; at the capture's own sizes the tensor's
+            # guard fixes it (Note [Dynamic captures])
+            return
         if _on_registers(e):
             if how == "tensor":
                 return  # a host op's result: its metadata follows from its (guarded) inputs
@@ -91,8 +101,11 @@ class CapturePolicy(Policy):
 
     def concrete(self, b: Box) -> Any:
         """``b``'s value, guarded to stay what it is: for a number used as a shape, an index, a key."""
+        if isinstance(b.v, _SYMBOLIC):  # a size used as a value (a key, a count): its value, a guard of its ShapeEnv
+            b.v = int(b.v) if isinstance(b.v, torch.SymInt) else float(b.v) if isinstance(b.v, torch.SymFloat) \
+                else bool(b.v)
         if type(b.m) is E:
-            self.need(b, "id" if not isinstance(b.v, NUMBERS + CONSTANT_TYPES + (tuple,)) else "eq")
+            self.need(b, "id" if not isinstance(b.v, NUMBERS + CONSTANT_TYPES + _SYMBOLIC + (tuple,)) else "eq")
         elif type(b.m) is New and b.m.kind in ("list", "tuple"):
             for x in b.m.items:
                 self.concrete(x)
@@ -241,6 +254,8 @@ class CapturePolicy(Policy):
     def key_of(self, key: Box) -> Any:
         """An item key as the replay will write it: its expression for an object read from state (a tensor keying
         optimizer state), else its (guarded) value."""
+        if isinstance(key.v, _SYMBOLIC):
+            return self.concrete(key)
         if type(key.m) is E and not isinstance(key.v, NUMBERS + CONSTANT_TYPES + (tuple,)):
             self.need(key, "id")
             return key.m
@@ -322,7 +337,7 @@ class CapturePolicy(Policy):
     def binary(self, op: str, a: Box, b: Box) -> Box:
         if is_tensor(a.v) or is_tensor(b.v):
             return self.torch_call(Box(BINARY[op]), [a, b], {})
-        if type(a.v) in NUMBERS and type(b.v) in NUMBERS:
+        if type(a.v) in SIZES and type(b.v) in SIZES:
             value = BINARY[op](a.v, b.v)
             if type(a.m) is E or type(b.m) is E:
                 return Box(value, X.binary(op.rstrip("=") if op.endswith("=") and op not in ("==",) else op,
@@ -391,7 +406,8 @@ class CapturePolicy(Policy):
         if kind == "set":
             return self.new({self.concrete(x) for x in items}, New("set", list(items)))
         if kind == "slice":
-            return Box(slice(*[self.concrete(x) for x in items]))
+            # a symbolic bound stays symbolic (``pos[:t]`` slices a tensor); a list sliced with it specializes it
+            return Box(slice(*[x.v if isinstance(x.v, _SYMBOLIC) else self.concrete(x) for x in items]))
         return Box("".join(self.concrete(x) for x in items))
 
     def build_map(self, keys: List[Box], values: List[Box]) -> Box:

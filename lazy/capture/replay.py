@@ -583,7 +583,11 @@ class _Values:
             if m.kind == "tuple":
                 inner = ", ".join(self.value(x) for x in m.items)
                 built = f"({inner},)" if len(m.items) == 1 else f"({inner})"
-                return f"{self.r.const(type(v))}{built}" if type(v) is not tuple else built
+                if type(v) is tuple:
+                    return built
+                # a namedtuple takes its fields, other tuple types (torch.Size) one iterable
+                return f"{self.r.const(type(v))}{built}" if hasattr(type(v), "_fields") else \
+                    f"{self.r.const(type(v))}({built})"
             if m.kind == "list":
                 return f"[{', '.join(self.value(x) for x in m.items)}]"
             if m.kind == "dict":
