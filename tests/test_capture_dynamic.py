@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 import lazy
-from models import TinyGPT
+from models import MODELS, TinyGPT, batch, loss_fn
 
 EAGER = str(lazy.sync.backing_device())
 CLOSE = dict(rtol=1e-4, atol=1e-5)  # compiled kernels and eager's round differently
@@ -140,6 +140,34 @@ def test_training_steps_with_a_schedule_at_other_sizes(kind):
         close(opt.state[p][state], ref_opt.state[q][state])
         close(p.grad, q.grad)  # close() also asserts: a lazy tensor, never one of the recording
     assert counter("capture.dynamic_replays") >= 3
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_each_test_model_trains_at_changing_batch_sizes_as_eager(kind):
+    """SGD with momentum over batch sizes 8, 5, 12, 5, 8, 3 (the first step creates the momentum buffers and runs
+    plainly): each step's loss, and the parameters at the end, are eager's."""
+    torch.manual_seed(0)
+    ref = MODELS[kind]().to(EAGER)
+    model = copy.deepcopy(ref).to("lazy")
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def step(net, optimizer, x, y):
+        optimizer.zero_grad()
+        loss = loss_fn(kind, net(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    compiled = lazy.compile(dynamic=True)(lambda x, y: step(model, opt, x, y))
+    for i, size in enumerate((8, 5, 12, 5, 8, 3)):
+        x, y = batch(kind, i, size=size)
+        close(compiled(x.to("lazy"), y.to("lazy")), step(ref, ref_opt, x.to(EAGER), y.to(EAGER)))
+    for p, q in zip(model.parameters(), ref.parameters()):
+        close(p, q)
+    for b, c in zip(model.buffers(), ref.buffers()):  # BatchNorm's running statistics
+        torch.testing.assert_close(b.cpu(), c.cpu(), **CLOSE)
+    assert counter("capture.dynamic_replays") >= 2
 
 
 class Cache:
