@@ -12,7 +12,7 @@ from lazy.capture.expr import E, Renderer
 from lazy.capture.function import state_of
 from lazy.capture.guards import OP, _Builder, compile_guards
 from lazy.capture.guards import tensor_signature
-from lazy.capture.replay import STATE_CALLS, _python_check, global_state
+from lazy.capture.python_guards import STATE_CALLS, _python_check, global_state
 
 L = "lazy"
 

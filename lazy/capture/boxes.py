@@ -13,6 +13,8 @@ from ..device.tensor import LazyTensor
 from .interpreter import Box
 
 NUMBERS = (bool, int, float)
+# what arithmetic keeps an expression of: numbers, and a capture's symbolic sizes (Note [Dynamic captures])
+SIZES = frozenset(NUMBERS) | {torch.SymInt, torch.SymFloat}
 CONSTANT_TYPES = (str, bytes, type(None), type(Ellipsis), torch.dtype, torch.device, torch.layout,
                   torch.memory_format, types.CodeType)
 

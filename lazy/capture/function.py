@@ -43,7 +43,8 @@ from .expr import Unsized
 from .finalize import finalize
 from .interpreter import Box, Interpreter, user_traceback
 from .policy import CapturePolicy
-from .replay import Entry, Miss, Pending, global_state
+from .python_guards import global_state
+from .replay import Entry, Miss, Pending
 from .session import Break, CaptureBreak, Session
 from .symbolic import Recorder
 from .tensors import CaptureHooks

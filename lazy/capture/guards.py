@@ -172,7 +172,7 @@ def _function(f: Any) -> Any:
 def compile_guards(state: tuple, guards: List[Guard], state_calls: tuple,
                    tensor_signature: Any) -> Tuple[Any, List[Guard]]:
     """(program, residual): the program checks the global state (``state``: grad mode, inference mode, then the
-    values of ``state_calls``, as replay.global_state() reads them) and every guard it can express; the residual
+    values of ``state_calls``, as python_guards.global_state() reads them) and every guard it can express; the residual
     lists the others, in their order."""
     b = _Builder()
     b.emit("state", a=tuple(state_calls), b=state)

@@ -23,17 +23,12 @@ import torch
 from .. import _C
 from ..device.tensor import LazyTensor
 from . import expr as X
-from .expr import E
-from .boxes import CONSTANT_TYPES, NUMBERS, Bound, BoxIter, New, is_tensor, library_code
+from .expr import _SYMBOLIC, E
+from .boxes import CONSTANT_TYPES, NUMBERS, SIZES, Bound, BoxIter, New, is_tensor, library_code
 from .guards import tensor_signature
 from .interpreter import Box, Frame, Generator, decode
 from .plain_policy import BINARY, COMPARE, UNARY, Policy
-from .session import CaptureBreak, Effect, Session
-
-# Numbers arithmetic keeps symbolic: Python's, and a capture's symbolic sizes (Note [Dynamic captures])
-SIZES = frozenset(NUMBERS) | {torch.SymInt, torch.SymFloat}
-_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
-
+from .session import CaptureBreak, Effect, Session, plain_store
 
 class CapturePolicy(Policy):
     def __init__(self, session: Session, fullgraph: bool = False) -> None:
@@ -177,7 +172,7 @@ class CapturePolicy(Policy):
 
     def _effect(self, kind: str, target: E, key: Any, value: Optional[Box], written_key: Any,
                 obj: Any = None, held: Any = None) -> None:
-        place = written_key if value is not None and _plain_store(kind, obj, key) else None
+        place = written_key if value is not None and plain_store(kind, obj, key) else None
         self.s.effects.append(Effect(kind, target, key, value, place, held))
         if value is not None:
             self.s.written[written_key] = value
@@ -587,21 +582,6 @@ class CapturePolicy(Policy):
 # tuples, functions, classes, modules) are not followed: small ints and interned strings share one id anyway.
 _SHARED_IMMUTABLE = NUMBERS + CONSTANT_TYPES + (tuple, frozenset, type, types.ModuleType, types.FunctionType,
                                                 types.BuiltinFunctionType, types.MethodType)
-
-
-def _plain_store(kind: str, obj: Any, key: Any) -> bool:
-    """Whether storing into ``obj`` at ``key`` does nothing but bind the value (Note [Dead stores] in
-    lazy/capture/replay.py): an item of a dict at a constant key; an attribute with no data descriptor on the
-    object's type but an instance dict, or a tensor's ``.grad`` (its setter only checks the value)."""
-    if kind == "setitem":
-        return type(obj) is dict and type(key) is not E
-    if kind != "setattr":
-        return False
-    if isinstance(obj, torch.Tensor):
-        return key == "grad"
-    descriptor = getattr(type(obj), key, None)
-    return hasattr(obj, "__dict__") and type(obj).__setattr__ is object.__setattr__ and \
-        not hasattr(type(descriptor), "__set__")
 
 
 def _on_registers(e: E) -> bool:

@@ -123,3 +123,18 @@ class Session:
     def breaks(self, reason: str, where: str, transient: bool = False) -> None:
         if self.broken is None:
             self.broken = Break(reason, where, transient)
+
+
+def plain_store(kind: str, obj: Any, key: Any) -> bool:
+    """Whether storing into ``obj`` at ``key`` does nothing but bind the value (Note [Dead stores] in
+    lazy/capture/replay.py): an item of a dict at a constant key; an attribute with no data descriptor on the
+    object's type but an instance dict, or a tensor's ``.grad`` (its setter only checks the value)."""
+    if kind == "setitem":
+        return type(obj) is dict and type(key) is not E
+    if kind != "setattr":
+        return False
+    if isinstance(obj, torch.Tensor):
+        return key == "grad"
+    descriptor = getattr(type(obj), key, None)
+    return hasattr(obj, "__dict__") and type(obj).__setattr__ is object.__setattr__ and \
+        not hasattr(type(descriptor), "__set__")
