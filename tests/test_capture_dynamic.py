@@ -167,8 +167,7 @@ def test_each_test_model_trains_at_changing_batch_sizes_as_eager(kind):
         close(p, q)
     for b, c in zip(model.buffers(), ref.buffers()):  # BatchNorm's running statistics
         torch.testing.assert_close(b.cpu(), c.cpu(), **CLOSE)
-    if kind != "cnn" or not EAGER.startswith("cuda"):  # on cuda its recording fixes the batch (README, Limits)
-        assert counter("capture.dynamic_replays") >= 2
+    assert counter("capture.dynamic_replays") >= 2
 
 
 class Cache:

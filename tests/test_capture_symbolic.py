@@ -157,3 +157,26 @@ def test_the_compiled_check_agrees_with_the_shape_env():
         if sizes is not None:
             assert dict(zip(rec.symbols(), sizes)) == rec.binding(values)
     assert check({"x": torch.zeros(2, 3, 1).to("lazy"), "y": torch.zeros(2, 3).to("lazy")}) is None  # rank
+
+
+def test_guards_print_as_exact_python():
+    """Note [Checks of symbolic sizes]: each guard form a ShapeEnv makes (torch's Mod and FloorDiv of a convolution's
+    and a pooling's sizes among them) evaluates in the compiled check as sympy evaluates it, at every size tried;
+    a form the printer does not know is refused, for the check to evaluate it with sympy."""
+    import itertools
+
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv, Max, Mod, PythonMod
+
+    from lazy.capture.symbolic import _python, _Unprintable
+    a, b = sympy.symbols("s0 s1", integer=True, positive=True)
+    guards = [sympy.Eq(Mod(a - 2, 2), 0), sympy.Ne(FloorDiv(a, 2) - 2, 1), FloorDiv(16, FloorDiv(b, 2)) >= 2,
+              sympy.Eq(Max(1, (FloorDiv(a, 2) - 2) * FloorDiv(b, 2)), 3 * b), sympy.Ne(PythonMod(8 * a - 16, b), 0),
+              sympy.Or(sympy.Eq(a, b), sympy.Not(sympy.Lt(a ** 2, 4 * b + 1))), sympy.Le(2 * a * b - a, 40)]
+    for g in guards:
+        text = _python(g)
+        for x, y in itertools.product(range(2, 13), range(3, 14)):
+            assert eval(text, {"s0": x, "s1": y}) is bool(g.xreplace({a: x, b: y})), (g, text, x, y)
+    with pytest.raises(_Unprintable):
+        _python(sympy.sin(a) > 0)
+

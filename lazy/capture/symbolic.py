@@ -34,9 +34,12 @@ Note [Checks of symbolic sizes]
 Evaluating the ShapeEnv's guards with sympy costs 0.1-0.35 ms (two guards of a GPT step), more than a replay's
 whole host time. So the check is one generated Python function: each input's rank and static sizes compared,
 each symbol read from its source (``values['x'].shape[0]``) and compared with its range (at least 2: as Dynamo's,
-a symbol is never 0 or 1, whose broadcasting and empty cases meta kernels branch on), each guard printed as Python by sympy's printer
-(``s27 <= 16``, ``s27*s77 == s17*s94``); a guard the printer cannot write (torch's own sympy functions) is
-evaluated with sympy. It returns the symbols' values, the key a replay's per-size entries are found by.
+a symbol is never 0 or 1, whose broadcasting and empty cases meta kernels branch on), each guard printed as
+fully parenthesized Python by ``_python`` (``(s27 <= 16)``, ``((s0 // 2) - 2) % 2``: sympy's own printer wrote
+torch's ``Mod(s - 2, 2)`` as ``s - 2 % 2``, which refused every size of a convolution's recording, and could as well
+have accepted wrong ones); a form it does not know is evaluated with sympy, and a guard that cannot be evaluated
+at some sizes (a zero divisor) refuses them. It returns the symbols' values, the key a replay's per-size entries
+are found by.
 
 Note [Python kernels of composite ops]
 A composite op (``matmul``, ``linear``) decomposes in C++ before any mode sees it, and torch 2.11's ``matmul``
@@ -236,7 +239,6 @@ class Recorder:
     def compile_check(self) -> Callable[[Dict[str, torch.Tensor]], Optional[tuple]]:
         """The replay's check as one Python function of the inputs by name (Note [Checks of symbolic sizes]): the
         symbols' values, in ``symbols()`` order, or None where a static dimension differs or a guard fails."""
-        from sympy.printing.pycode import pycode
         syms = self.symbols()
         lines = ["def check(values):"]
         for name, s in self.inputs:
@@ -252,15 +254,15 @@ class Recorder:
         namespace: Dict[str, Any] = {"math": math}
         for k, g in enumerate(self.env.guards):
             try:
-                text = pycode(g.expr, fully_qualified_modules=False)
-                if "Not supported" in text:
-                    raise ValueError(text)
-                lines.append(f"    if not ({text}):")
-            except Exception:  # noqa: BLE001 -- a guard the printer cannot write (torch's own sympy functions)
+                lines.append(f"    if not ({_python(g.expr)}):")
+            except _Unprintable:  # a guard the printer cannot write exactly: evaluated with sympy
                 namespace[f"_guard{k}"] = (g.expr, syms)
                 lines.append(f"    if _slow(_guard{k}, ({', '.join(map(str, syms))},)) is not True:")
             lines.append("        return None")
         lines.append(f"    return ({''.join(f'{x}, ' for x in syms)})")
+        # a guard that cannot be evaluated at these sizes (a division by a size expression that is 0) refuses them
+        lines = lines[:1] + ["    try:"] + ["    " + line for line in lines[1:]] + [
+            "    except (ZeroDivisionError, ArithmeticError):", "        return None"]
         namespace["_slow"] = _slow_guard
         exec(compile("\n".join(lines), "<lazy.capture.symbolic check>", "exec"), namespace)  # noqa: S102
         return namespace["check"]
@@ -315,9 +317,46 @@ def _bounds(env: Any, sym: Any) -> Tuple[int, Optional[int]]:
     return int(vr.lower), high
 
 
+class _Unprintable(Exception):
+    pass
+
+
+def _python(e: Any) -> str:
+    """A guard's sympy expression as exact Python over int symbols, fully parenthesized; raises _Unprintable for
+    anything else. (sympy's own printer wrote torch's ``Mod(s - 2, 2)`` as ``s - 2 % 2``.) Floor division and
+    modulus of sizes are Python's ``//`` and ``%`` (torch's Mod assumes nonnegative operands, where they agree)."""
+    import sympy
+    from torch.utils._sympy import functions as F
+    if e.is_Symbol:
+        return str(e)
+    if e.is_Integer:
+        return str(int(e))
+    if e is sympy.true or e is sympy.false:
+        return str(bool(e))
+    args = e.args
+    binary = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt: ">", sympy.Ge: ">=",
+              F.FloorDiv: "//", F.Mod: "%", F.PythonMod: "%"}
+    op = binary.get(type(e))
+    if op is not None and len(args) == 2:
+        return f"({_python(args[0])} {op} {_python(args[1])})"
+    joined = {sympy.Add: " + ", sympy.Mul: " * ", sympy.And: " and ", sympy.Or: " or "}.get(type(e))
+    if joined is not None:
+        return "(" + joined.join(_python(a) for a in args) + ")"
+    if isinstance(e, sympy.Not):
+        return f"(not {_python(args[0])})"
+    if isinstance(e, sympy.Pow) and args[1].is_Integer and int(args[1]) >= 0:
+        return f"({_python(args[0])} ** {int(args[1])})"
+    if type(e) in (sympy.Max, F.Max, sympy.Min, F.Min):
+        return f"{'max' if type(e) in (sympy.Max, F.Max) else 'min'}({', '.join(_python(a) for a in args)})"
+    raise _Unprintable(type(e).__name__)
+
+
 def _slow_guard(guard: tuple, values: tuple) -> Any:
     expr, syms = guard
-    return bool(expr.xreplace(dict(zip(syms, values))))
+    try:
+        return bool(expr.xreplace(dict(zip(syms, values))))
+    except (TypeError, ArithmeticError):  # undecidable at these sizes (a zero divisor): refused
+        return False
 
 
 # Note [Ops of static sizes]
