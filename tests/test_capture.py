@@ -778,3 +778,24 @@ def test_options():
         f = lazy.compile(lambda x: x * 3, mode=mode)
         for _ in range(2):
             torch.testing.assert_close(f(torch.ones(2).to(L)).cpu(), torch.full((2,), 3.0))
+
+
+def test_counters_of_a_tensors_size_replay_without_guarding_the_counter():
+    """``n += x.size(0)`` (or ``x.shape[0]``, ``x.numel()``) is an expression of the argument and the counter: the
+    counter changes at every call, and replays add the size to its value then, as eager does."""
+    class Stats:
+        rows = 0
+        elements = 0
+
+    stats = Stats()
+
+    @lazy.compile
+    def f(x):
+        stats.rows += x.size(0)
+        stats.elements += x.numel() + x.shape[1] * 0
+        return x + 1
+
+    for _ in range(4):
+        f(torch.ones(3, 2).to(L))
+    assert (stats.rows, stats.elements) == (12, 24)
+    assert counter("capture.captures") == 1 and counter("capture.replays") == 3

@@ -139,12 +139,20 @@ def is_torch_callable(target: Any) -> bool:
     return False
 
 
+_SIZE_METHODS = frozenset(("size", "dim", "numel", "ndimension", "nelement"))
+
+
 def call_method(p: Any, recv: Box, name: str, bound: Any, args: List[Box], kwargs: Dict[str, Box]) -> Box:
     rv = recv.v
     func = getattr(bound, "__func__", None)
     if type(func) is types.FunctionType:  # a Python method (Tensor.backward, torch/_tensor.py's): interpreted
         return call(p, Box(func), [recv] + args, kwargs)
     if is_tensor(rv):
+        if name in _SIZE_METHODS and type(recv.m) is E and not kwargs and all(type(a.v) is int and type(a.m) is not E
+                                                                             for a in args):
+            # as ``.shape`` (method_models.tensor_attribute): read at each replay, an expression of the state
+            p.need(recv, "tensor")
+            return Box(bound(*[a.v for a in args]), X.method(recv.m, name, tuple(a.v for a in args), ()))
         return p.torch_call(Box(bound), args, kwargs, recv=recv)
     if type(bound).__name__ == "method-wrapper":  # object's slots reached through super(): plain stores and reads
         if name == "__setattr__":
