@@ -50,7 +50,6 @@ from .session import Session
 from .symbolic import Recorder, SymLazy
 
 
-
 def symbolic_arguments(bound: tuple, names: Tuple[str, ...]) -> Tuple[Recorder, tuple, List[Tuple[int, str]]]:
     """A recording whose inputs are the call's lazy tensor arguments of rank 1 or more (dimensions of size 2 or
     more symbolic), and the arguments with those replaced by their ``SymLazy``."""
