@@ -310,3 +310,21 @@ def test_a_data_read_breaks_the_capture_and_the_results_stay_eager():
         assert type(out).__name__ == "LazyTensor"
         close(out, x * 2 + 1)
     assert counter("capture.dynamic_replays") == 0
+
+
+def test_a_graph_that_differs_at_other_sizes_is_refused_with_the_node():
+    """Note [Dynamic captures]: the graph rebuilt at other sizes must be the entry's node for node, read the same
+    storages, or the call captures again; ``lazy.explain`` says where it differs."""
+    from lazy.capture.dynamic import _same_graph
+    from lazy.capture.finalize import Plan
+    from lazy.ir.graph import linearize
+
+    x, y = torch.randn(4, 3).to("lazy"), torch.randn(6, 3).to("lazy")
+    recorded = linearize([((x * 2).sin())._lz_st.value])
+    plan = Plan(recorded, [("storage", None)], [("const", 2.0)], [], {}, None)
+    assert _same_graph(plan, linearize([((y * 2).sin())._lz_st.value]), [y._lz_st.value]) == []
+    differs = _same_graph(plan, linearize([((y + 2).sin())._lz_st.value]), [y._lz_st.value])
+    assert isinstance(differs, str) and "node 1" in differs and "aten.add" in differs
+    elsewhere = _same_graph(plan, linearize([((y * 2).sin())._lz_st.value]), [x._lz_st.value])
+    assert "another tensor" in elsewhere
+    lazy.mark_step()

@@ -168,6 +168,7 @@ class Shapes:
         self.sizes = rec.compile_check()
         self.recorded = self.sizes({name: t.concrete for name, t in rec.inputs})
         self.variants: Dict[tuple, Optional[Sized]] = {}
+        self.refused: Dict[tuple, str] = {}  # sizes whose graph is not the entry's: why
         # each dynamic argument: rank, dtype and requires_grad, dense (its shape guard, dropped, checked these)
         self.layouts = [(i, s_.dim(), s_.dtype) for (i, _), (_, s_) in zip(dynamic, rec.inputs)]
         shaped = {("tensor", X.arg(i)) for i, _ in dynamic}
@@ -195,18 +196,23 @@ class Shapes:
         return None if sizes is None or sizes == self.recorded else sizes
 
     def variant(self, key: tuple, A: tuple) -> Optional[Sized]:
+        """The compiled graph of these sizes (built at their first call), or None where the recording does not
+        give the entry's graph at them (``refused[key]`` says why)."""
         if key not in self.variants:
             if pending_storages():
                 mark_step()
-            self.variants[key] = self._build(key, A)
+            built = self._build(key, A)
+            self.variants[key] = built if isinstance(built, Sized) else None
+            if not isinstance(built, Sized):
+                self.refused[key] = built
             metrics.bump("capture.dynamic_compiles")
         return self.variants[key]
 
-    def _build(self, key: tuple, A: tuple) -> Optional[Sized]:
-        """The graph of the op list at the call's sizes, compiled; None where it is not the entry's graph."""
+    def _build(self, key: tuple, A: tuple) -> Any:
+        """The graph of the op list at the call's sizes, compiled; else why it is not the entry's graph."""
         plan = self.plan
         if plan.lin is None or None in self.created_ids:
-            return None
+            return "the call returns or stores a tensor the recording did not make"
         saved = [(st, st.value, st.version) for st in live_storages()]
         # the op list's random ops draw seeds as they record: the generators are put back, as a replay draws its own
         generators = [torch.default_generator] + self.rec.generators()
@@ -236,8 +242,8 @@ class Shapes:
                 g.set_state(state)
         inputs = [t._lz_st.value for t in targets[len(plan.mutated):]]
         consts = _same_graph(plan, lin, inputs)
-        if consts is None:
-            return None
+        if type(consts) is str:
+            return consts
         program = graph_cache.compiler_for(graph_cache.backend_for(backing_device()))(lin, backing_device())
         binding = dict(zip(self.rec.symbols(), key))
         numbers = tuple(kind(expr.xreplace(binding)) for expr, kind in self.numbers)
@@ -267,26 +273,26 @@ def _created_tensors(s: Session, plan: Plan) -> List[Any]:
     return [objs.get(tid) for tid, _ in ordered]
 
 
-def _same_graph(plan: Plan, lin: Linearized, inputs: List[Any]) -> Optional[list]:
+def _same_graph(plan: Plan, lin: Linearized, inputs: List[Any]) -> Any:
     """The constant inputs of ``lin`` (in order) where it is the plan's graph at other sizes: node for node the
     same op, dtype, rank, inputs and runtime scalars of the same kinds, the same outputs, and its storage inputs
-    the storages the replay reads (``inputs``: their values now); else None."""
+    the storages the replay reads (``inputs``: their values now); else where it differs (a str)."""
     old = plan.lin
     if len(old.order) != len(lin.order) or old.outputs != lin.outputs or len(old.scalars) != len(lin.scalars):
-        return None
+        return (f"the graph at these sizes has {len(lin.order)} nodes and {len(lin.scalars)} runtime scalars, "
+                f"the recording's {len(old.order)} and {len(old.scalars)}")
     where_old, where_new = old.positions, lin.positions
-    for a, b in zip(old.order, lin.order):
+    for i, (a, b) in enumerate(zip(old.order, lin.order)):
         if a.op is not b.op or a.dtype != b.dtype or (a.shape is None) != (b.shape is None) or \
                 (a.shape is not None and len(a.shape) != len(b.shape)) or len(a.scalars) != len(b.scalars) or \
-                [where_old[id(x)] for x in a.inputs] != [where_new[id(x)] for x in b.inputs]:
-            return None
-        if a.op is not DATA and a.scalars and slot_kinds(a) != slot_kinds(b):
-            return None
+                [where_old[id(x)] for x in a.inputs] != [where_new[id(x)] for x in b.inputs] or \
+                (a.op is not DATA and a.scalars and slot_kinds(a) != slot_kinds(b)):
+            return f"node {i} of the graph at these sizes is {b.op}, the recording's {a.op} (or their inputs differ)"
     consts = []
     storage = iter(inputs)
     for (kind, _), node in zip(plan.inputs, [n for n in lin.order if n.op is DATA]):
         if kind == "storage" and next(storage) is not node:
-            return None
+            return "the graph at these sizes reads another tensor than the recording's"
         if kind == "const":
             consts.append(node.data)
     return consts

@@ -128,7 +128,13 @@ class CompiledFunction:
                     return out
         for entry in self.entries:  # Note [Dynamic captures]
             key = entry.shapes.key(bound) if entry.shapes is not None else None
-            sized = entry.shapes.variant(key, bound) if key is not None else None
+            if key is None:
+                continue
+            fresh = key not in entry.shapes.variants
+            sized = entry.shapes.variant(key, bound)
+            if sized is None and fresh:
+                self._event("sizes not replayed", f"symbols {key}: {entry.shapes.refused[key]}")
+                log_topic("recompiles", f"{self!r}: sizes not replayed: {entry.shapes.refused[key]}")
             if sized is not None:
                 out = self._verified(entry, bound, lambda A: entry.shapes.run(A, sized))
                 if out is not _MISSED:
