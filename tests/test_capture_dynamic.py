@@ -234,6 +234,19 @@ def test_python_counters_of_sizes_replay_as_expressions():
     assert counter("capture.captures") == 1 and counter("capture.dynamic_replays") == 3
 
 
+def test_a_float_of_a_size_scales_as_eager_at_each_size():
+    """``x.shape[-1] ** -0.5`` is a SymFloat while the capture runs: the concrete run takes its value (it once
+    took the SymFloat itself, and the capture's own result was NaN), a replay at other sizes its value there."""
+    @lazy.compile(dynamic=True)
+    def f(x):
+        return x * (x.shape[1] ** -0.5)
+
+    for b, t in ((4, 9), (5, 16), (3, 4)):
+        x = torch.randn(b, t)
+        close(f(x.to("lazy")), x * t ** -0.5)
+    assert counter("capture.captures") == 1 and counter("capture.dynamic_replays") == 2
+
+
 def test_a_size_used_as_a_value_specializes_its_capture():
     """A size as a dict key, a loop count, a list length or text is its value (a guard of the recording, as in
     Dynamo): each size captures, with eager's results."""

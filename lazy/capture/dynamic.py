@@ -43,7 +43,7 @@ from ..ir.node import DATA
 from ..sync import mark_step, pending_storages
 from ..trace import views
 from . import expr as X
-from .expr import _SYMBOLIC, Renderer, _hint, compile_function
+from .expr import _SYMBOLIC, Renderer, compile_function, value_of
 from .finalize import Plan, slot_kinds
 from .interpreter import Box
 from .session import Session
@@ -116,7 +116,7 @@ class _Concrete:
         if isinstance(v, SymLazy):
             return v.concrete if not v.requires_grad else v
         if isinstance(v, _SYMBOLIC):
-            return _hint(v)
+            return value_of(v)
         if v is None or type(v) in (int, float, bool, str) or depth > 6:
             return v
         if id(v) in self.memo:
@@ -181,7 +181,7 @@ class Shapes:
         self.targets = compile_function("targets", "A", r.preamble + [f"return ({values})"], r.consts)
         self.run = entry.render_sized_run(s, plan, breaks)
         # their expressions and types, read now: the capture's end replaces symbolic numbers wherever held
-        self.numbers = [(v.node.expr, type(_hint(v))) for v in entry.sized_numbers]
+        self.numbers = [(v.node.expr, type(value_of(v))) for v in entry.sized_numbers]
 
     def key(self, A: tuple) -> Optional[tuple]:
         """The symbols' values of the call ``A``, or None where the call is not one this recording serves."""

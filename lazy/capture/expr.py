@@ -152,7 +152,7 @@ class Renderer:
         if isinstance(value, _SYMBOLIC):  # a size of a capture with symbolic sizes (Note [Dynamic captures])
             if self.sized:
                 raise Unsized(f"a symbolic number ({value}) among the constants of {self.sized}")
-            return self.const(_hint(value))
+            return self.const(value_of(value))
         k = self._const_at.get(id(value))
         if k is None:
             k = self._const_at[id(value)] = len(self.consts)
@@ -218,10 +218,15 @@ class Unsized(Exception):
     """A replay at other sizes would take a number of the recording's sizes as a constant."""
 
 
-def _hint(x: Any) -> Any:
-    """A symbolic number's value at the recording's sizes (no guard added)."""
+def value_of(x: Any) -> Any:
+    """A symbolic number's value at the recording's sizes, as a Python number (no guard added)."""
     h = x.node.hint
     return int(h) if isinstance(x, torch.SymInt) else float(h) if isinstance(x, torch.SymFloat) else bool(h)
+
+
+def specialized(x: Any) -> Any:
+    """A symbolic number's value, made a guard of its ShapeEnv (``int()``): for a size used as a value."""
+    return int(x) if isinstance(x, torch.SymInt) else float(x) if isinstance(x, torch.SymFloat) else bool(x)
 
 
 def compile_function(name: str, params: str, body: List[str], consts: List[Any]) -> Any:

@@ -18,12 +18,11 @@ from __future__ import annotations
 import types
 from typing import Any, Dict, List, Optional
 
-import torch
 
 from .. import _C
 from ..device.tensor import LazyTensor
 from . import expr as X
-from .expr import _SYMBOLIC, E
+from .expr import _SYMBOLIC, E, specialized
 from .boxes import CONSTANT_TYPES, NUMBERS, SIZES, Bound, BoxIter, New, is_tensor, library_code
 from .guards import tensor_signature
 from .interpreter import Box, Frame, Generator, decode
@@ -97,8 +96,7 @@ class CapturePolicy(Policy):
     def concrete(self, b: Box) -> Any:
         """``b``'s value, guarded to stay what it is: for a number used as a shape, an index, a key."""
         if isinstance(b.v, _SYMBOLIC):  # a size used as a value (a key, a count): its value, a guard of its ShapeEnv
-            b.v = int(b.v) if isinstance(b.v, torch.SymInt) else float(b.v) if isinstance(b.v, torch.SymFloat) \
-                else bool(b.v)
+            b.v = specialized(b.v)
         if type(b.m) is E:
             self.need(b, "id" if not isinstance(b.v, NUMBERS + CONSTANT_TYPES + _SYMBOLIC + (tuple,)) else "eq")
         elif type(b.m) is New and b.m.kind in ("list", "tuple"):

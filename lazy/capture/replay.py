@@ -19,7 +19,7 @@ from .. import _C
 from ..device.backing import to_backing
 from ..sync import launch
 from . import expr as X
-from .expr import E, Renderer, compile_function
+from .expr import _SYMBOLIC, E, Renderer, compile_function
 from .finalize import Plan
 from .guards import compile_guards, compile_loads, tensor_signature
 from .python_guards import _GUARD_HELPERS, STATE_CALLS, _describe_now, _guard, _python_check
@@ -487,7 +487,7 @@ class _Values:
         v, m = b.v, b.m
         if type(m) is E:
             return self.r.expr(m)
-        if self.numbers is not None and isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        if self.numbers is not None and isinstance(v, _SYMBOLIC):
             self.numbers.append(v)  # a number of the sizes (``x.shape[0]`` stored): its value at the replay's
             return f"V.numbers[{len(self.numbers) - 1}]"
         if is_lazy(v):

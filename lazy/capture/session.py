@@ -23,16 +23,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from .expr import _SYMBOLIC, E
+from .expr import _SYMBOLIC, E, specialized
 
 
 def _plain(v: Any) -> Any:
-    if isinstance(v, torch.SymInt):
-        return int(v)
-    if isinstance(v, torch.SymFloat):
-        return float(v)
-    if isinstance(v, torch.SymBool):
-        return bool(v)
+    if isinstance(v, _SYMBOLIC):
+        return specialized(v)
     if type(v) in (tuple, torch.Size) and any(isinstance(x, _SYMBOLIC) for x in v):
         return type(v)(_plain(x) for x in v)
     return v

@@ -59,6 +59,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..device.tensor import LazyTensor
+from .expr import _SYMBOLIC, value_of
 
 _REF = "__symlazy_ref__"
 _META = torch.device("meta")  # where the fakes live (a lazy device argument is theirs)
@@ -366,7 +367,6 @@ def _slow_guard(guard: tuple, values: tuple) -> Any:
 # as any output is: a replay reruns it on that replay's tensors. Only ops that return tensors, read no host tensor
 # and take no other device qualify: a read of data takes the symbolic path, which refuses or drops it.
 _STATIC_OK: Dict[Any, bool] = {}
-_SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 def _static(func: Any, flat: list) -> bool:
@@ -378,7 +378,7 @@ def _static(func: Any, flat: list) -> bool:
     if not ok:
         return False
     for a in flat:
-        if isinstance(a, _SYM) or isinstance(a, torch.device) and a.type != "lazy":
+        if isinstance(a, _SYMBOLIC) or isinstance(a, torch.device) and a.type != "lazy":
             return False
         if isinstance(a, torch.Tensor) and (not isinstance(a, LazyTensor) or
                                             any(isinstance(d, torch.SymInt) for d in a.shape)):
@@ -387,7 +387,9 @@ def _static(func: Any, flat: list) -> bool:
 
 
 def _hint(a: Any) -> Any:
-    return a.concrete if isinstance(a, SymLazy) else a.node.hint if isinstance(a, torch.SymInt) else a
+    """An argument as the concrete run takes it: a SymLazy's twin, a symbolic number's value (a SymFloat too:
+    ``x.shape[-1] ** -0.5``), without a guard."""
+    return a.concrete if isinstance(a, SymLazy) else value_of(a) if isinstance(a, _SYMBOLIC) else a
 
 
 def _is_ref(a: Any) -> bool:
