@@ -38,16 +38,20 @@ from ..debug import metrics
 from ..device.backing import backing_device
 from ..device.tensor import LazyTensor, live_storages
 from ..ir.graph import Linearized, linearize
-from ..ir.layout import contiguous_stride, storage_numel
 from ..ir.node import DATA
 from ..sync import mark_step, pending_storages
-from ..trace import views
 from . import expr as X
 from .expr import _SYMBOLIC, Renderer, compile_function, value_of
-from .finalize import Plan, slot_kinds
+from .finalize import Plan, created_output, slot_kinds
 from .interpreter import Box
+from .replay import guard_check
 from .session import Session
-from .symbolic import Recorder, SymLazy
+from .symbolic import Recorder, SymLazy, value_at
+
+
+def _dense_input(t: Any) -> bool:
+    """Whether an argument may have symbolic sizes: a base lazy tensor, dense, that does not require grad."""
+    return type(t) is LazyTensor and t._lz_chain is None and t.is_contiguous() and not t.requires_grad
 
 
 def symbolic_arguments(bound: tuple, names: Tuple[str, ...]) -> Tuple[Recorder, tuple, List[Tuple[int, str]]]:
@@ -57,8 +61,7 @@ def symbolic_arguments(bound: tuple, names: Tuple[str, ...]) -> Tuple[Recorder, 
     out = list(bound)
     dynamic: List[Tuple[int, str]] = []
     for i, v in enumerate(bound):
-        if type(v) is LazyTensor and v.dim() and v._lz_chain is None and v.is_contiguous() and \
-                not v.requires_grad and any(n >= 2 for n in v.shape):
+        if _dense_input(v) and any(n >= 2 for n in v.shape):
             out[i] = rec.input(names[i], v, [d for d, n in enumerate(v.shape) if n >= 2])
             dynamic.append((i, names[i]))
     return rec, tuple(out), dynamic
@@ -173,22 +176,19 @@ class Shapes:
         self.layouts = [(i, s_.dim(), s_.dtype) for (i, _), (_, s_) in zip(dynamic, rec.inputs)]
         shaped = {("tensor", X.arg(i)) for i, _ in dynamic}
         rest = [(kind, e, v) for (kind, e), v in s.guards.items() if (kind, e) not in shaped]
-        self.check = entry.compile_check(rest)  # the entry's guard program, less the dynamic shapes
-        self.created_ids = [rec.id_of(t) if id(t) in rec._ids else None for t in _created_tensors(s, plan)]
+        self.check = guard_check(entry.state, rest)[0]  # the entry's guard program, less the dynamic shapes
+        self.created_ids = [rec.id_of(t) if id(t) in rec._ids else None for t in plan.created_tensors]
         r = Renderer()
         targets = [e for _, e in plan.mutated] + [e for kind, e in plan.inputs if kind == "storage"]
         values = "".join(f"{r.expr(e)}, " for e in targets)  # first: the preamble then holds their temporaries
         self.targets = compile_function("targets", "A", r.preamble + [f"return ({values})"], r.consts)
-        self.run = entry.render_sized_run(s, plan, breaks)
-        # their expressions and types, read now: the capture's end replaces symbolic numbers wherever held
-        self.numbers = [(v.node.expr, type(value_of(v))) for v in entry.sized_numbers]
+        self.run, self.numbers = entry.render_sized_run(s, plan, breaks)
 
     def key(self, A: tuple) -> Optional[tuple]:
         """The symbols' values of the call ``A``, or None where the call is not one this recording serves."""
         for i, rank, dtype in self.layouts:
             t = A[i]
-            if type(t) is not LazyTensor or t.dim() != rank or t.dtype is not dtype or t.requires_grad or \
-                    t._lz_chain is not None or not t.is_contiguous() or t._lz_st.numel != t.numel():
+            if not _dense_input(t) or t.dim() != rank or t.dtype is not dtype or t._lz_st.numel != t.numel():
                 return None
         if not self.check(A):
             return None
@@ -223,16 +223,10 @@ class Shapes:
             roots = [t._lz_st.value for t in targets[:len(plan.mutated)]]
             descs, numels = [], []
             for rid in self.created_ids:
-                t = env[rid]
-                if t._lz_chain is None:
-                    roots.append(t._lz_st.value)
-                    descs.append(t._lz_desc)
-                    numels.append(t._lz_st.numel)
-                else:
-                    shape, _, _, dtype = t._lz_desc
-                    roots.append(views.value(t))
-                    descs.append((shape, contiguous_stride(shape), 0, dtype))
-                    numels.append(storage_numel(shape, contiguous_stride(shape)))
+                value, desc, numel = created_output(env[rid])
+                roots.append(value)
+                descs.append(desc)
+                numels.append(numel)
             lin = linearize(roots)
         finally:
             for st, value, version in saved:  # the op list recorded into real storages: put back
@@ -246,31 +240,8 @@ class Shapes:
             return consts
         program = graph_cache.compiler_for(graph_cache.backend_for(backing_device()))(lin, backing_device())
         binding = dict(zip(self.rec.symbols(), key))
-        numbers = tuple(kind(expr.xreplace(binding)) for expr, kind in self.numbers)
+        numbers = tuple(value_at(v, binding) for v in self.numbers)
         return Sized(program, consts, tuple(lin.scalars), tuple(descs), tuple(numels), numbers)
-
-
-def _created_tensors(s: Session, plan: Plan) -> List[Any]:
-    """The tensors of ``plan.created`` in output order (the objects, by id, among the call's stored and returned
-    values)."""
-    objs: Dict[int, Any] = {}
-    stack: List[Any] = [plan.result] + [eff.value for eff in s.effects]
-    seen = set()
-    while stack:
-        b = stack.pop()
-        if b is None or id(b) in seen:
-            continue
-        seen.add(id(b))
-        if isinstance(b, tuple):
-            stack.extend(b)
-        elif isinstance(b, Box):
-            if isinstance(b.v, torch.Tensor):
-                objs[id(b.v)] = b.v
-            items = getattr(b.m, "items", None)
-            if items is not None:
-                stack.extend(items.values() if isinstance(items, dict) else items)
-    ordered = sorted(plan.created.items(), key=lambda kv: kv[1][0])
-    return [objs.get(tid) for tid, _ in ordered]
 
 
 def _same_graph(plan: Plan, lin: Linearized, inputs: List[Any]) -> Any:

@@ -59,6 +59,17 @@ class Plan:
     created: Dict[int, Tuple[int, tuple, int]]  # id(tensor) -> (graph output index, desc, numel)
     result: Box
     backward_consumed: set = dataclasses.field(default_factory=set)  # ids of outputs whose graph backward used
+    created_tensors: List[Any] = dataclasses.field(default_factory=list)  # those of ``created``, in output order
+
+
+def created_output(t: LazyTensor) -> Tuple[Node, tuple, int]:
+    """What a tensor the call created and left behind is in the graph: its value (its storage's, or a view's own,
+    for a replay gives a view storage of its own), its layout and its storage's numel."""
+    if t._lz_chain is None:
+        return t._lz_st.value, t._lz_desc, t._lz_st.numel
+    shape, _, _, dtype = t._lz_desc
+    stride = contiguous_stride(shape)
+    return views.value(t), (shape, stride, 0, dtype), storage_numel(shape, stride)
 
 
 def finalize(s: Session, result: Box, entry: Dict[int, Tuple[Any, Node]], breaks: Any) -> Optional[Plan]:
@@ -75,6 +86,7 @@ def finalize(s: Session, result: Box, entry: Dict[int, Tuple[Any, Node]], breaks
             mutated_storages.append(st)
     roots: List[Node] = [st.value for st in mutated_storages]
     created: Dict[int, Tuple[int, tuple, int]] = {}
+    created_tensors: List[LazyTensor] = []
     escaping_storages = {id(t._lz_st) for t in escaping}
     for t in escaping:
         st = t._lz_st
@@ -84,18 +96,17 @@ def finalize(s: Session, result: Box, entry: Dict[int, Tuple[Any, Node]], breaks
         if id(t) in created:
             continue
         shape, stride, offset, dtype = t._lz_desc
-        if t._lz_chain is None:
-            created[id(t)] = (len(roots), t._lz_desc, st.numel)
-            roots.append(st.value)
-            continue
         # A view of a tensor the call made (``loss.detach()``, a reshape): a replay gives it storage of its own, which
         # is what the call left if nothing else it returns shares that storage and the view is dense.
-        if sum(1 for u in escaping if id(u._lz_st) == id(st)) > 1 or offset != 0 or \
-                stride != contiguous_stride(shape) or len(escaping_storages) != len({id(u._lz_st) for u in escaping}):
+        if t._lz_chain is not None and (
+                sum(1 for u in escaping if id(u._lz_st) == id(st)) > 1 or offset != 0 or
+                stride != contiguous_stride(shape) or len(escaping_storages) != len({id(u._lz_st) for u in escaping})):
             breaks("returns or stores views of a tensor it created that share its storage; return .clone()s")
             return None
-        created[id(t)] = (len(roots), (shape, stride, 0, dtype), storage_numel(shape, stride))
-        roots.append(views.value(t))
+        value, desc, numel = created_output(t)
+        created[id(t)] = (len(roots), desc, numel)
+        created_tensors.append(t)
+        roots.append(value)
     if not roots:
         return Plan(None, [], [], [], {}, result)
     lin = linearize(roots)
@@ -107,7 +118,7 @@ def finalize(s: Session, result: Box, entry: Dict[int, Tuple[Any, Node]], breaks
         return None
     mutated = [(i, s.storage_source[id(st)][1]) for i, st in enumerate(mutated_storages)]
     consumed = {id(t) for t in s.backward_roots if isinstance(t, torch.Tensor)} if not s.retain_graph else set()
-    return Plan(lin, inputs, scalars, mutated, created, result, consumed)
+    return Plan(lin, inputs, scalars, mutated, created, result, consumed, created_tensors)
 
 
 def _escaping_tensors(s: Session, result: Box, breaks: Any) -> List[LazyTensor]:

@@ -11,7 +11,7 @@ stores the function's Python did, without interpreting or recording anything.
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -137,9 +137,10 @@ class Entry:
         self.num_nodes = len(plan.lin.order) if plan.lin is not None else 0
         self.python_check = self._render_check(s, plan)
         guards = [(kind, e, expected) for (kind, e), expected in s.guards.items()]
-        self.check = self.compile_check(guards)  # Note [Guard programs] in csrc/capture_guards.cpp
-        self.guard_program, self.residual_guards = self.last_program, self.last_residual
-        self.run = self._render_run(s, plan, breaks)
+        # Note [Guard programs] in csrc/capture_guards.cpp
+        self.check, self.guard_program, self.residual_guards = guard_check(state, guards)
+        self.run, _ = self._render_run(s, plan, breaks)
+        self.run_source = self.run.__lazy_source__
 
     # ---- guards ----
 
@@ -159,15 +160,6 @@ class Entry:
         self._consts = r.consts
         return fn
 
-    def compile_check(self, guards: List[tuple]) -> Callable[[tuple], bool]:
-        """The guard program of ``guards`` ((kind, expression, expected)) and the global state, then the Python
-        check of the guards it cannot express (if any). The entry's own is ``check``."""
-        program, residual = compile_guards(self.state, guards, STATE_CALLS, tensor_signature)
-        self.last_program, self.last_residual = program, residual
-        if not residual:
-            return program
-        rest = _python_check(Renderer(), [((kind, e), expected) for kind, e, expected in residual], None)
-        return lambda A: program(A) and rest(A)
 
     def failures(self, A: tuple) -> List[str]:
         """The guards ``A`` fails, each as "kind expression: expected ..., now ..." (for recompile reasons)."""
@@ -184,17 +176,14 @@ class Entry:
 
     # ---- replay ----
 
-    def render_sized_run(self, s: Session, plan: Plan, breaks: Callable[[str], None]) -> Callable[..., Any]:
+    def render_sized_run(self, s: Session, plan: Plan, breaks: Callable[[str], None]) -> Tuple[Callable, list]:
         """``run`` as ``run(A, V)`` for a capture with symbolic sizes: what depends on the sizes (the program, the
-        constant inputs and scalars, the new tensors' layouts) read from ``V``, a ``Sized`` of lazy/capture/
-        dynamic.py, not from the recording."""
-        source = self.run_source
-        fn = self._render_run(s, plan, breaks, sized=True)
-        self.sized_run_source, self.run_source = self.run_source, source
-        return fn
+        constant inputs and scalars, the new tensors' layouts, the symbolic numbers it stores or returns: the list
+        returned with it) read from ``V``, a ``Sized`` of lazy/capture/dynamic.py, not from the recording."""
+        return self._render_run(s, plan, breaks, sized=True)
 
     def _render_run(self, s: Session, plan: Plan, breaks: Callable[[str], None],
-                    sized: bool = False) -> Callable[..., Any]:
+                    sized: bool = False) -> Tuple[Callable, Optional[list]]:
         r = Renderer()
         r.sized = "a replay at other sizes" if sized else ""
         r.share(_run_expressions(s, plan))
@@ -299,9 +288,17 @@ class Entry:
                               _write_all=_C.replay_writes, _write_bound=_write_bound,
                               _new_tensors=_C.new_tensors, _store_grads=_C.store_grads, _consumed=_consumed,
                               _loads=loads)
-        self.run_source = fn.__lazy_source__
-        self.sized_numbers = renderer.numbers
-        return fn
+        return fn, renderer.numbers
+
+
+def guard_check(state: tuple, guards: List[tuple]) -> Tuple[Callable[[tuple], bool], Any, list]:
+    """(check, guard program, residual guards) of ``guards`` ((kind, expression, expected)) and the global state
+    ``state``: the program, then the Python check of the guards it cannot express (if any)."""
+    program, residual = compile_guards(state, guards, STATE_CALLS, tensor_signature)
+    if not residual:
+        return program, program, residual
+    rest = _python_check(Renderer(), [((kind, e), expected) for kind, e, expected in residual], None)
+    return (lambda A: program(A) and rest(A)), program, residual
 
 
 def _batched_grad_stores(stores: list) -> List[str]:

@@ -140,10 +140,10 @@ class Recorder:
         output that is an argument, in place, as that argument)."""
         from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
         if self.dropped is not None:
-            return func(*tree_map(_hint, args), **tree_map(_hint, kwargs))
+            return _concrete_call(func, args, kwargs)
         flat = tree_flatten((args, kwargs))[0]
         if _static(func, flat):  # Note [Ops of static sizes]
-            return self._append(func, args, kwargs, func(*tree_map(_hint, args), **tree_map(_hint, kwargs)), None)
+            return self._append(func, args, kwargs, _concrete_call(func, args, kwargs), None)
         fake_args = tree_map(lambda a: self._fake_of(a) if isinstance(a, torch.Tensor) else
                              _META if isinstance(a, torch.device) and a.type == "lazy" else a, (args, kwargs))
         # NOTE: a capture watches native calls with a profile function (capture/tensors.py's tripwire), which
@@ -170,7 +170,7 @@ class Recorder:
         if failed is not None:
             return self._drop(failed, func, args, kwargs)
         fakes = tree_flatten(fake_out)[0]
-        return self._append(func, args, kwargs, func(*tree_map(_hint, args), **tree_map(_hint, kwargs)), fakes)
+        return self._append(func, args, kwargs, _concrete_call(func, args, kwargs), fakes)
 
     def _append(self, func: Any, args: tuple, kwargs: dict, out: Any, fakes: Optional[list]) -> Any:
         """The op into the op list, its outputs named; each a SymLazy of its fake, or (``fakes`` None: sizes all
@@ -206,7 +206,7 @@ class Recorder:
         if not self.droppable:
             raise RuntimeError(reason)
         self.dropped = reason
-        return func(*tree_map(_hint, args), **tree_map(_hint, kwargs))
+        return _concrete_call(func, args, kwargs)
 
     # ---- replay at other sizes ----
 
@@ -290,13 +290,7 @@ class Recorder:
         def concrete(a: Any) -> Any:
             if _is_ref(a):
                 return env[a[1]]
-            if isinstance(a, torch.SymInt):
-                return int(a.node.expr.xreplace(binding))
-            if isinstance(a, torch.SymFloat):  # 1 / sqrt(head size)
-                return float(a.node.expr.xreplace(binding))
-            if isinstance(a, torch.SymBool):
-                return bool(a.node.expr.xreplace(binding))
-            return a
+            return value_at(a, binding) if isinstance(a, _SYMBOLIC) else a
 
         with torch.no_grad():  # the ops are autograd's already (its backward's among them): none records again
             for func, args, kwargs, outs in self.ops:
@@ -306,6 +300,11 @@ class Recorder:
                 for i, r in zip(outs, tensors):
                     env[i] = r
         return env
+
+
+def value_at(x: Any, binding: Dict[Any, int]) -> Any:
+    """A symbolic number's value where the symbols take ``binding``'s values (``1 / sqrt(head size)`` too)."""
+    return type(value_of(x))(x.node.expr.xreplace(binding))
 
 
 def _bounds(env: Any, sym: Any) -> Tuple[int, Optional[int]]:
@@ -390,6 +389,11 @@ def _hint(a: Any) -> Any:
     """An argument as the concrete run takes it: a SymLazy's twin, a symbolic number's value (a SymFloat too:
     ``x.shape[-1] ** -0.5``), without a guard."""
     return a.concrete if isinstance(a, SymLazy) else value_of(a) if isinstance(a, _SYMBOLIC) else a
+
+
+def _concrete_call(func: Any, args: tuple, kwargs: dict) -> Any:
+    """The op run on the concrete twins and the symbolic numbers' values: what the lazy graph records."""
+    return func(*tree_map(_hint, args), **tree_map(_hint, kwargs))
 
 
 def _is_ref(a: Any) -> bool:
