@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <unordered_map>
 #include <vector>
 
 #include "ir.h"
@@ -25,7 +27,93 @@ constexpr int64_t kKeyOutputs = -1;
 // appends and int objects only), so no other walk can start meanwhile; the counter is 64-bit, never reused.
 long long g_walk = 0;
 
+// Note [Interned graph keys]
+// A cached graph's key comes back at every sync of it: a new bytes object of 8 bytes per node and input would cost
+// its allocation, its copy and then the dict's SipHash over all of it (~0.8 us for the 200-op chain on an AMD EPYC
+// core, several on slower hosts), for a lookup that finds the same key. The walk instead hashes its encoding with a
+// cheap four-lane hash and returns the bytes object it returned last time for an equal encoding
+// (compared in full, so a collision only costs a new object): its hash is cached in the object, and the graph
+// cache's dict finds its entry by identity. The table holds at most kInternedKeys keys of kInternedBytes in all
+// (then starts over): a bound on what it keeps alive beside the graph cache's own keys.
+constexpr size_t kInternedKeys = 4096;
+constexpr Py_ssize_t kInternedBytes = 32 << 20;
+std::unordered_map<uint64_t, PyObject*>* g_interned = nullptr;
+Py_ssize_t g_interned_bytes = 0;
+
+uint64_t hash_words(const std::vector<int64_t>& enc) {
+  constexpr uint64_t kMul = 0x9E3779B97F4A7C15ULL;
+  // per lane a rotate and an add on the chain, the multiply off it: ~0.1 us for 400 words
+  auto mix = [](uint64_t h, int64_t w) { return ((h << 7) | (h >> 57)) + static_cast<uint64_t>(w) * kMul; };
+  uint64_t a = 1, b = 2, c = 3, d = 4;
+  const int64_t* p = enc.data();
+  const size_t n = enc.size();
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    a = mix(a, p[i]);
+    b = mix(b, p[i + 1]);
+    c = mix(c, p[i + 2]);
+    d = mix(d, p[i + 3]);
+  }
+  for (; i < n; ++i) a = mix(a, p[i]);
+  uint64_t out = n;
+  for (uint64_t v : {a, b, c, d}) out = ((out ^ v) * kMul) ^ (out >> 29);
+  return out;
+}
+
+// The bytes object of ``enc``: the interned one where an equal encoding was seen, else a new one (interned).
+PyObject* interned_key(const std::vector<int64_t>& enc) {
+  const Py_ssize_t size = static_cast<Py_ssize_t>(enc.size() * sizeof(int64_t));
+  const char* data = reinterpret_cast<const char*>(enc.data());
+  if (g_interned == nullptr) g_interned = new std::unordered_map<uint64_t, PyObject*>();
+  const uint64_t h = hash_words(enc);
+  auto it = g_interned->find(h);
+  if (it != g_interned->end()) {
+    PyObject* known = it->second;
+    if (PyBytes_GET_SIZE(known) == size && std::memcmp(PyBytes_AS_STRING(known), data, size) == 0) {
+      Py_INCREF(known);
+      return known;
+    }
+  }
+  PyObject* key = PyBytes_FromStringAndSize(data, size);
+  if (key == nullptr) return nullptr;
+  if (it != g_interned->end()) {  // a collision: the newer key takes the slot
+    g_interned_bytes -= PyBytes_GET_SIZE(it->second);
+    Py_DECREF(it->second);
+    it->second = key;
+  } else {
+    if (g_interned->size() >= kInternedKeys || g_interned_bytes + size > kInternedBytes) {
+      for (auto& kv : *g_interned) Py_DECREF(kv.second);
+      g_interned->clear();
+      g_interned_bytes = 0;
+    }
+    g_interned->emplace(h, key);
+  }
+  g_interned_bytes += size;
+  Py_INCREF(key);
+  return key;
+}
+
 }  // namespace
+
+// A new list of ``items``, each with a new reference.
+PyObject* list_of(const std::vector<PyObject*>& items) {
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(items.size()));
+  if (list == nullptr) return nullptr;
+  for (size_t i = 0; i < items.size(); ++i) {
+    Py_INCREF(items[i]);
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), items[i]);
+  }
+  return list;
+}
+
+// The walk's scratch space, kept between syncs: sized by the largest graph so far, no allocation per sync. The walk
+// calls no Python code (Note [Marks of a walk]), so it is never re-entered.
+struct WalkScratch {
+  std::vector<NodeObject*> stack;
+  std::vector<PyObject*> order;  // the nodes, placed
+  std::vector<int64_t> enc;
+  std::vector<PyObject*> leaves, scalars;  // borrowed: the graph's nodes hold them for the walk
+};
 
 PyObject* linearize(PyObject*, PyObject* roots_arg) {
   PyObject* roots = PySequence_Fast(roots_arg, "linearize(roots): roots must be a sequence of nodes");
@@ -34,18 +122,21 @@ PyObject* linearize(PyObject*, PyObject* roots_arg) {
   PyObject** root_items = PySequence_Fast_ITEMS(roots);
   const long long walk = ++g_walk;
   auto placed = [walk](PyObject* n) { return reinterpret_cast<NodeObject*>(n)->walk == walk; };
-  std::vector<NodeObject*> order;
-  std::vector<NodeObject*> stack;
-  std::vector<int64_t> enc;
-  PyObject* leaves = PyList_New(0);
-  PyObject* scalars = PyList_New(0);
+  static WalkScratch* scratch = new WalkScratch();
+  std::vector<PyObject*>& order = scratch->order;
+  std::vector<NodeObject*>& stack = scratch->stack;
+  std::vector<int64_t>& enc = scratch->enc;
+  std::vector<PyObject*>& leaf_items = scratch->leaves;
+  std::vector<PyObject*>& scalar_items = scratch->scalars;
+  order.clear();
+  stack.clear();
+  enc.clear();
+  leaf_items.clear();
+  scalar_items.clear();
   auto fail = [&]() -> PyObject* {
-    Py_XDECREF(leaves);
-    Py_XDECREF(scalars);
     Py_DECREF(roots);
     return nullptr;
   };
-  if (!leaves || !scalars) return fail();
   for (Py_ssize_t r = 0; r < n_roots; ++r) {
     PyObject* root = root_items[r];
     if (Py_TYPE(root) != &NodeType) {
@@ -75,11 +166,11 @@ PyObject* linearize(PyObject*, PyObject* roots_arg) {
       stack.pop_back();
       node->walk = walk;
       node->walk_pos = static_cast<long long>(order.size());
-      order.push_back(node);
+      order.push_back(reinterpret_cast<PyObject*>(node));
       // Interned signatures live as long as the process: their address is their identity.
       enc.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(node->sig)));
       if (node->op == data_op()) {
-        if (PyList_Append(leaves, node->data) != 0) return fail();
+        leaf_items.push_back(node->data);
         continue;
       }
       for (Py_ssize_t k = 0; k < n_in; ++k) {
@@ -87,41 +178,35 @@ PyObject* linearize(PyObject*, PyObject* roots_arg) {
       }
       PyObject* sc = node->scalars;
       if (PyTuple_Check(sc)) {
-        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(sc); ++k) {
-          if (PyList_Append(scalars, PyTuple_GET_ITEM(sc, k)) != 0) return fail();
-        }
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(sc); ++k) scalar_items.push_back(PyTuple_GET_ITEM(sc, k));
       }
     }
   }
-  PyObject* outputs = PyList_New(n_roots);
-  PyObject* order_list = PyList_New(static_cast<Py_ssize_t>(order.size()));
-  if (!outputs || !order_list) {
-    Py_XDECREF(outputs);
-    Py_XDECREF(order_list);
-    return fail();
-  }
   enc.push_back(kKeyOutputs);  // the key: the body, the separator, then the outputs
-  bool ok = true;
-  for (Py_ssize_t r = 0; r < n_roots && ok; ++r) {
+  PyObject* outputs = PyList_New(n_roots);
+  if (outputs == nullptr) return fail();
+  for (Py_ssize_t r = 0; r < n_roots; ++r) {
     int64_t at = reinterpret_cast<NodeObject*>(root_items[r])->walk_pos;
     enc.push_back(at);
     PyObject* i = PyLong_FromLongLong(at);
-    ok = i != nullptr;
-    if (ok) PyList_SET_ITEM(outputs, r, i);
+    if (i == nullptr) {
+      Py_DECREF(outputs);
+      return fail();
+    }
+    PyList_SET_ITEM(outputs, r, i);
   }
-  for (size_t i = 0; i < order.size(); ++i) {
-    Py_INCREF(order[i]);
-    PyList_SET_ITEM(order_list, static_cast<Py_ssize_t>(i), reinterpret_cast<PyObject*>(order[i]));
-  }
-  PyObject* key = ok ? PyBytes_FromStringAndSize(reinterpret_cast<const char*>(enc.data()),
-                                                 static_cast<Py_ssize_t>(enc.size() * sizeof(int64_t)))
-                     : nullptr;
-  PyObject* result = key != nullptr ? PyTuple_Pack(5, order_list, outputs, key, leaves, scalars) : nullptr;
-  Py_XDECREF(key);
+  PyObject* order_list = list_of(order);
+  PyObject* key = interned_key(enc);  // Note [Interned graph keys]
+  PyObject* leaves = list_of(leaf_items);
+  PyObject* scalars = list_of(scalar_items);
+  PyObject* result = order_list && key && leaves && scalars
+                         ? PyTuple_Pack(5, order_list, outputs, key, leaves, scalars)
+                         : nullptr;
+  Py_XDECREF(order_list);
   Py_DECREF(outputs);
-  Py_DECREF(order_list);
-  Py_DECREF(leaves);
-  Py_DECREF(scalars);
+  Py_XDECREF(key);
+  Py_XDECREF(leaves);
+  Py_XDECREF(scalars);
   Py_DECREF(roots);
   return result;
 }

