@@ -271,3 +271,56 @@ def test_repeated_syncs_of_a_program_bind_leaves_from_its_templates():
         leaves.append(y._lz_st.value)
         torch.testing.assert_close(y.cpu(), (x * (i + 1)).sin())
     assert leaves[2].shape is leaves[1].shape and leaves[2].sig is leaves[1].sig
+
+
+def test_cached_mark_steps_take_the_short_path():
+    """Note [The short path of a cached sync]: the hooks of the layers above see a graph on its general runs (the
+    first, and the tier-up at compile_after), later mark_steps of the compiled graph skip them; every step is
+    counted, logged with its line and equal to eager."""
+    from lazy import sync
+    seen = []
+    hook = lambda lin, hit: seen.append(hit)  # noqa: E731
+    sync.BEFORE_RUN.append(hook)
+    try:
+        x = torch.randn(6, 5)
+        lx = x.to(L)
+        want = x
+        with lazy.config.override(compile_after=2):
+            for step in range(5):
+                lx = (lx * 0.5 + 1.0).tanh()
+                want = (want * 0.5 + 1.0).tanh()
+                lazy.mark_step()
+                torch.testing.assert_close(lx.cpu(), want)
+    finally:
+        sync.BEFORE_RUN.remove(hook)
+    assert seen == [False, True]  # the reference run, then the tier-up run; three short ones
+    assert metrics.counter("sync.mark_step") == 5 and metrics.counter("mark_step") == 5
+    assert metrics.counter("graph_cache.hit") == 4 and metrics.counter("compiles") == 1
+    records = [r for r in lazy.debug.explain.SYNC_LOG if r.cause == "mark_step"][-5:]
+    assert [r.hit for r in records] == [False, True, True, True, True]
+    assert all("test_sync.py" in r.where and r.nodes == records[0].nodes for r in records)
+
+
+def test_a_failed_run_on_the_short_path_marks_its_values_failed():
+    x = torch.randn(4).to(L)
+    for _ in range(3):  # compiled and seen by the hooks: the next mark_step of this graph takes the short path
+        y = (x * 2.0).exp()
+        lazy.mark_step()
+    program = graph_cache.latest()
+    assert "_lazy_short_sync" in program.__dict__
+
+    def fail(leaves, scalars):
+        raise RuntimeError("the program failed")
+
+    program.run = fail
+    try:
+        y = (x * 2.0).exp()
+        with pytest.raises(RuntimeError, match="the program failed"):
+            lazy.mark_step()
+        st = y._lz_st
+        assert st.failed is st.value and st.value.op is not DATA  # it keeps its IR, marked failed
+        lazy.mark_step()  # which later mark_steps leave alone
+        assert st.failed is st.value
+    finally:
+        del program.run
+    torch.testing.assert_close(y.cpu(), (x.cpu() * 2.0).exp())  # read, it is computed (by another graph)

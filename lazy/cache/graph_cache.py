@@ -110,6 +110,18 @@ def lookup(lin: Linearized, device: torch.device) -> tuple:
     return program, False
 
 
+def compiled(key: bytes, device: torch.device) -> Any:
+    """The compiled program cached for the graph key ``key`` on ``device`` (made most recently used), or None where
+    there is none or it is still warming up (Note [Tiered compilation]): a hit as ``lookup``'s, which the caller
+    counts, never a compile."""
+    full = (key, device, backend_for(device), config.cpu_isa, config.autotune)
+    entry = _CACHE.get(full)
+    if entry is None or type(entry) is _Warming:
+        return None
+    _CACHE.move_to_end(full)
+    return entry
+
+
 def _compile(backend: str, lin: Linearized, device: torch.device, key: Any, why: str) -> Any:
     start = time.perf_counter()
     program = compiler_for(backend)(lin, device)

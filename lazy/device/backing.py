@@ -14,7 +14,13 @@ from ..config import config
 
 def backing_device() -> torch.device:
     """The device that runs graphs and holds synced data (``lazy.config.backing_device``)."""
-    return torch.device(config.backing_device)
+    name = config.backing_device
+    if name != _BACKING[0]:  # parsed once per setting: every sync asks
+        _BACKING[:] = [name, torch.device(name)]
+    return _BACKING[1]
+
+
+_BACKING: list = [None, None]  # (lazy.config.backing_device, its torch.device)
 
 
 # Note [Uploads do not wait]

@@ -8,7 +8,7 @@ with the user's source line (``lazy.explain()`` lists them).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable, List, Sequence
+from typing import Any, Callable, Iterable, List, Optional, Sequence
 
 import torch
 
@@ -20,7 +20,7 @@ from ..debug.explain import SYNC_LOG, SyncRecord, explain_miss
 from ..debug.log import log, user_frame
 from ..device.backing import backing_device
 from ..device.tensor import LazyTensor, Storage, pending_storages
-from ..ir.graph import linearize
+from ..ir.graph import Linearized, linearize
 from ..ir.layout import non_overlapping_and_dense
 from ..ir.node import DATA, Node
 from ..runtime.reference import run_node
@@ -42,9 +42,11 @@ class ImplicitSyncError(RuntimeError):
 BEFORE_RUN: List[Callable[[Any, bool], None]] = []
 
 
-def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -> List[torch.Tensor]:
+def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str,
+               walked: Optional[Linearized] = None) -> List[torch.Tensor]:
     """Compute ``roots`` and the values of ``storages`` in one graph; every live storage whose value the graph
-    computes gets it as data. Returns the data of ``roots``."""
+    computes gets it as data. Returns the data of ``roots``. ``walked``: the graph of a mark_step's ``storages``,
+    linearized already (by ``_short_sync``)."""
     if record.CAPTURE is not None:
         record.CAPTURE.on_sync(cause)
     if launch.watching():  # Note [Runs that overlap nothing] (sync/launch.py)
@@ -59,7 +61,7 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
     if not pending and not checks and all(r.op is DATA for r in roots):
         SYNC_LOG.append(SyncRecord(cause, where, 0, None))
         return [launch.ready(r.data) for r in roots]
-    lin = linearize(list(roots) + [st.value for st in pending] + checks)
+    lin = walked if walked is not None else linearize(list(roots) + [st.value for st in pending] + checks)
     first_pending = len(pending)  # outputs: roots, these storages, the checks, then the storages added below
     if cause != "mark_step":  # every pending storage at a mark_step is among ``storages`` already
         chosen = set(map(id, pending))
@@ -71,8 +73,7 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
         pending.extend(computed)
         lin.add_outputs([lin.positions[id(st.value)] for st in computed])
     device = backing_device()
-    first = lin.leaves[0].device if lin.leaves else device
-    if first != device and (first.type != device.type or device.index is not None):  # 'cuda' holds cuda:0's data
+    if lin.leaves and not _on(lin.leaves[0].device, device):
         device = _device_of_leaves(lin.leaves)
     program, hit = graph_cache.lookup(lin, device)
     try:
@@ -82,6 +83,9 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str) -
         for st in pending:
             st.failed = st.value
         raise
+    held = getattr(program, "__dict__", None)
+    if held is not None:  # the hooks have seen its graph (Note [The short path of a cached sync])
+        held[_SHORT] = True
     # Note [Asynchronous execution] (sync/launch.py): a sync that returns no data launches and returns, if its
     # program's last run overlapped recording; on the budget then, launched or not (Note [Runs that overlap nothing])
     asynchronous = launch.enabled(device)
@@ -178,15 +182,82 @@ def materialize(t: LazyTensor, cause: str) -> torch.Tensor:
 def mark_step() -> None:
     """End of a step: compute every live lazy tensor with pending IR in one graph and replace its IR by data,
     so the next step starts from data and the graph does not grow from step to step."""
-    if record.CAPTURE is not None:
-        record.CAPTURE.on_sync("mark_step")
+    capture = record.CAPTURE
+    if capture is not None:
+        capture.on_sync("mark_step")
     pending = pending_storages()
-    metrics.bump("mark_step")
     if not pending and not record.PENDING_CHECKS:
-        metrics.bump("sync.mark_step")
+        metrics.bump_many(("mark_step", 1), ("sync.mark_step", 1))
         SYNC_LOG.append(SyncRecord("mark_step", user_frame(), 0, None))
         return
+    if capture is None and not record.PENDING_CHECKS:
+        if launch.watching():  # as sync_nodes does first (Note [Runs that overlap nothing] in sync/launch.py)
+            launch.settle_watch()
+        lin = linearize([st.value for st in pending])
+        if _short_sync(pending, lin):
+            return
+        metrics.bump("mark_step")
+        sync_nodes((), pending, "mark_step", lin)
+        return
+    metrics.bump("mark_step")
     sync_nodes((), pending, "mark_step")
+
+
+# Note [The short path of a cached sync]
+# A training loop's mark_step finds its graph compiled, and then the sync is a walk of the graph, a lookup, the
+# program's run and the binding of its outputs to the storages, all in C but the lookup. The general path's
+# Python around them (capture, checks, strict mode, the storages a sync of one tensor adds, the hooks of the layers
+# above, asynchronous launches, the sync log) cost ~6 us more for the 200-op chain on an AMD EPYC core, ~25 % of the
+# sync, and several times that on the slower cores of GPU hosts, where it came before the kernel's launch. So a
+# mark_step takes a short path where none of that has anything to do: no capture, no pending checks, a program
+# compiled and not warming (Note [Tiered compilation]), whose graph the hooks of BEFORE_RUN have seen once (a
+# collective sequence is checked at a graph's first run: Note [Collective sequences agree]) and which runs in place
+# (on the cpu, a program that launches goes to the general path: Note [Asynchronous execution]). Its metrics,
+# its sync log line and the user's line are taken after the run: on cuda they overlap the kernels.
+_SHORT = "_lazy_short_sync"  # set in a program's __dict__ once the hooks have seen its graph
+
+
+def _short_sync(pending: List[Storage], lin: Linearized) -> bool:
+    """Note [The short path of a cached sync]: run a mark_step of ``pending`` (graph ``lin``) and return True, or
+    return False, having done nothing, where the general path must run it."""
+    device = backing_device()
+    leaves = lin.leaves
+    if leaves and not _on(leaves[0].device, device):
+        return False
+    program = graph_cache.compiled(lin.key, device)
+    held = getattr(program, "__dict__", None)
+    if held is None or _SHORT not in held:
+        return False
+    asynchronous = launch.enabled(device)
+    overlaps = asynchronous and launch.overlaps(program)
+    if overlaps and launch.layout_known(program) is not None:
+        return False  # it launches
+    launch.ready_all(leaves)
+    start = time.perf_counter()
+    try:
+        outs = launch.run_in_place(program, leaves, lin.scalars, overlaps)
+    except Exception:
+        for st in pending:  # as in sync_nodes
+            st.failed = st.value
+        raise
+    seconds = time.perf_counter() - start
+    if asynchronous:
+        launch.remember_layout(program, outs, lin.order, seconds)
+    _C.bind_outputs(pending, outs if type(outs) is list else list(outs), 0, _leaf_templates(program, len(pending)))
+    if asynchronous:
+        launch.watch(program, outs)
+    metrics.bump_many(("mark_step", 1), ("sync.mark_step", 1), ("graph_cache.hit", 1), ("run_time_s", seconds))
+    where = user_frame()
+    SYNC_LOG.append(SyncRecord("mark_step", where, len(lin.order), True))
+    if config.debug >= 1:
+        log(1, f"sync (mark_step) at {where}: {len(lin.order)} nodes, cache hit")
+    return True
+
+
+def _on(leaf: torch.device, device: torch.device) -> bool:
+    """Whether a graph whose first leaf is on ``leaf`` runs on ``device`` (Note [A graph runs where its data is]):
+    'cuda' holds cuda:0's data."""
+    return leaf == device or (leaf.type == device.type and device.index is None)
 
 
 # Note [A graph runs where its data is]
@@ -208,8 +279,14 @@ def wait_device_ops() -> None:
     """Block until every launched graph has finished (Note [Asynchronous execution]); on cuda, until the device
     has run what they enqueued. Raises the error of a launched graph that failed."""
     launch.wait_all()
-    if backing_device().type == "cuda":
-        torch.cuda.synchronize(backing_device())
+    device = backing_device()
+    if device.type == "cuda":
+        # NOTE: torch.cuda.synchronize(device) enters and leaves the device's context, a few us of Python on the
+        # hot path of a loop that waits at each step; 'cuda' is the current device
+        if device.index is None or device.index == torch.cuda.current_device():
+            torch.cuda.synchronize()
+        else:
+            torch.cuda.synchronize(device)
 
 
 def sync_tensors(tensors: Sequence[Any], cause: str) -> None:
