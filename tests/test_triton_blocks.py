@@ -131,3 +131,27 @@ def test_first_run_times_candidates_once_and_a_later_process_reuses_the_choice(m
     assert metrics.counter("triton.tuned_kernels") == timed and graph_cache.latest().choice == program.choice
     for g, w in zip(got, want):
         torch.testing.assert_close(g.cpu(), w.cpu(), rtol=1e-5, atol=1e-5)
+
+
+def test_short_latency_bound_kernels_spread_over_programs():
+    """Note [Short latency-bound kernels]: a few elements of a long dependent chain each run an element per thread
+    in programs of SPREAD_BLOCK elements; a short kernel that is not latency-bound, or a large one, keeps its
+    default block; the spread kernel computes eager's result."""
+    from lazy.codegen.triton_blocks import POINTWISE_BLOCK, SPREAD_BLOCK, Blocks, default_blocks
+
+    def chain(x):
+        for i in range(40):
+            x = (x * 1.01 + 0.1).sin().relu() - 0.05
+        return x
+
+    g = torch.Generator().manual_seed(0)
+    small, large = torch.randn(16, 16, generator=g), torch.randn(256, 256, generator=g)
+    [k] = _scheduled(chain, small)
+    assert default_blocks(k) == Blocks(SPREAD_BLOCK, 0, SPREAD_BLOCK // 32)
+    [k] = _scheduled(lambda x: x * 2 + 1, small)
+    assert default_blocks(k) == Blocks(256, 0, 2)
+    [k] = _scheduled(chain, large)
+    assert default_blocks(k).x == POINTWISE_BLOCK
+    out = chain(small.to("lazy"))
+    lazy.mark_step()
+    torch.testing.assert_close(out.cpu(), chain(small.to(DEVICE)).cpu(), rtol=1e-5, atol=1e-5)

@@ -42,7 +42,10 @@ def default_blocks(k: Kernel) -> Blocks:
     """The block sizes a kernel renders with unless tuned (Note [Triton kernel shapes])."""
     loops = k.outer + k.inner
     if not k.stages:
-        x = min(POINTWISE_BLOCK, _pow2(max(math.prod(v.args[1] for v in loops), 1)))
+        n = math.prod(v.args[1] for v in loops)
+        x = min(POINTWISE_BLOCK, _pow2(max(n, 1)))
+        if SPREAD_BLOCK < x and n <= SPREAD_MAX and _latency_bound(k):  # Note [Short latency-bound kernels]
+            return Blocks(SPREAD_BLOCK, 0, SPREAD_BLOCK // 32)
         return Blocks(x, 0, _warps(x))
     outer_n, longest = _extents(k)
     if _persistent(k, longest):
@@ -53,6 +56,22 @@ def default_blocks(k: Kernel) -> Blocks:
         x = _tile_xblock(outer_n)
         return Blocks(x, TILE_RBLOCK, _warps(x * TILE_RBLOCK))
     return Blocks(1, LOOP_RBLOCK, _warps(LOOP_RBLOCK))
+
+
+# Note [Short latency-bound kernels]
+# A pointwise kernel of few elements, each a long chain of dependent operations (Note [Latency-bound pointwise
+# kernels]), takes the chain's latency however its elements are laid out; but laid out as the default block (up to
+# 8 elements a thread, one program) it runs on one SM, its threads interleaving their elements' chains. Spread over
+# programs of SPREAD_BLOCK elements on as many threads (two warps), it runs on several SMs, an element per thread:
+# the 200-op chain at 16^2 (256 elements, 40 sines each) took 36.3-36.6 us from launch to done on an H200 in 4 or 8
+# programs of one element a thread, against 40.4-40.6 us as one program (of 256 elements on 2 or 8 warps), and
+# 23.7-25.0 us for ``x * 2`` (the launch and the wait alone). Up to SPREAD_MAX elements (256 programs): larger
+# kernels fill the GPU anyway, and those of TUNE_MIN_WORK or more are tuned.
+SPREAD_BLOCK, SPREAD_MAX = 64, 16384
+
+
+def _latency_bound(k: Kernel) -> bool:
+    return critical_path([e for _, _, e in k.stores]) >= LATENCY_MIN
 
 
 def _extents(k: Kernel) -> Tuple[int, int]:
@@ -100,7 +119,7 @@ def candidates(k: Kernel, tune: str = "off") -> List[Blocks]:
     if not k.stages:
         half = Blocks(max(d.x // 2, 1), 0, d.warps * 2)  # Note [Latency-bound pointwise kernels]
         if not wide:
-            return [d, half] if critical_path([e for _, _, e in k.stores]) >= LATENCY_MIN else [d]
+            return [d, half] if _latency_bound(k) else [d]
         out = [d, half, Blocks(d.x * 2, 0, _warps(d.x * 2)), Blocks(d.x, 0, d.warps * 2),
                Blocks(max(d.x // 2, 1), 0, d.warps), Blocks(max(d.x // 4, 1), 0, d.warps)]
         return _distinct_blocks([b for b in out if b.x <= 4096 and b.warps <= 16])
