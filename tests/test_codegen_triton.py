@@ -292,6 +292,33 @@ def test_an_index_out_of_range_raises_as_eager_does():
     run(lambda i, w: F.embedding(i, w), torch.tensor([1, 9]), w)
 
 
+def test_indices_are_checked_only_in_lanes_that_hold_elements():
+    """An index computed in a kernel (max's backward compares each position with the argmax) is checked where its
+    loops hold elements: a masked lane's argmax over no element is 2^30 and raised a device-side assert."""
+    def grads(x):
+        out = [], []
+        for which, fn in enumerate((torch.max, torch.min)):
+            x = x.detach().requires_grad_()
+            fn(x, 1)[0].sum().backward()
+            out[which].append(x.grad)
+        return out[0] + out[1]
+
+    run(grads, torch.randn(5, 5, 5))
+    with pytest.raises(IndexError, match="index out of range"):  # a real one still raises
+        F.embedding(torch.tensor([[1, 2, 3], [0, 12, 1]]).to("lazy"), torch.randn(10, 4).to("lazy")).cpu()
+    lazy.mark_step()
+
+
+def test_efficient_zero_tensors_are_zeros_in_kernels():
+    """A double backward's zero gradients are ATen ZeroTensors, which have no storage: lowered as zeros."""
+    def gradgrad(x):
+        x = x.detach().requires_grad_()
+        g, = torch.autograd.grad(F.softsign(x).sum(), x, create_graph=True)
+        return torch.autograd.grad(g.sum(), x)[0]
+
+    run(gradgrad, torch.randn(5, 5, dtype=torch.float64))
+
+
 def test_few_long_rows_are_split_reductions(monkeypatch):
     """Note [Split reductions]: a kernel of few long rows reduces chunks in many programs, then the partials (the
     thresholds scaled down 16x, so that the interpreter runs it quickly)."""

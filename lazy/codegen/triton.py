@@ -123,6 +123,8 @@ class _Scope:
             return f"tl.load(b{buf.id} + ({self.arg(idx, True)} + {zero}), mask={mask}, other=0)"
         index = op in _INDEX_OPS
         args = [self.arg(a, index) for a in e.args if type(a) is Expr]
+        if op == "index_checked":  # checked where its loops' lanes hold elements
+            args.append(self._live(e))
         if op == "cast":
             src = e.args[0].dtype
             if src in HALF:
@@ -154,6 +156,15 @@ class _Scope:
             text = fn(_View(e, [_f32(h) for h in have], _f32(e.dtype)), wide)
             return f"{text}.to({tl_type(e.dtype)})" if e.dtype in HALF else text
         return fn(_View(e, have, e.dtype), args)
+
+
+    def _live(self, e: Expr) -> str:
+        """The mask of the lanes where ``e``'s loop variables are in range."""
+        try:
+            mask = self.ctx.of(kir.free_vars(e))[1]
+        except UnsupportedByRenderer:
+            mask = self.ctx.base[1]
+        return "1" if mask == "None" else mask
 
 
 _COMPARE = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})

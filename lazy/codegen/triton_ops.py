@@ -190,7 +190,7 @@ TEMPLATES: Dict[str, Template] = {
     "isposinf": lambda e, a: f"({a[0]} == float('inf'))", "isneginf": lambda e, a: f"({a[0]} == float('-inf'))",
     "signbit": _signbit,
     "where": _f("tl.where({0}, {1}, {2})"),
-    "index_checked": _f("index_checked({0}, {1}, {2})"),
+    "index_checked": _f("index_checked({0}, {1}, {2}, {3})"),  # {3}: the lanes that hold elements
     "index_clamp": _f("tl.minimum(tl.maximum({0}, 0), {1})"),
     "iadd": _f("({0} + {1})"), "imul": _f("({0} * {1})"), "ifloordiv": _f("({0} // {1})"), "imod": _f("({0} % {1})"),
 }
@@ -275,11 +275,14 @@ def ipow(a, b):
 
 
 @_jit
-def index_checked(i, n, wrap):
-    # Note [Indexed loads] (lower/indexing.py): an index out of range is an error, as in eager
+def index_checked(i, n, wrap, live):
+    # Note [Indexed loads] (lower/indexing.py): an index out of range is an error, as in eager; only in the lanes
+    # that hold elements (``live``, the mask of the index's loops): a masked lane's index is whatever its loads'
+    # ``other`` or a reduction's identity made it (an argmax over no element is 2^30)
     j = tl.where((i < 0) & (wrap != 0), i + n, i)
-    tl.device_assert((j >= 0) & (j < n), "lazy: index out of range in a compiled kernel")
-    return tl.where((j >= 0) & (j < n), j, 0)
+    ok = (j >= 0) & (j < n)
+    tl.device_assert(ok | (live == 0), "lazy: index out of range in a compiled kernel")
+    return tl.where(ok, j, 0)
 
 
 @_jit

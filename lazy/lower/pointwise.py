@@ -481,6 +481,9 @@ def _full_of(which: str) -> Callable[..., TVal]:
     return lower
 
 
+# NOTE: _efficientzerotensor (autograd's zero gradients of a double backward) is ATen's ZeroTensor, which has no
+# storage: as an extern its null pointer reached the kernels that read it; lowered, it is the constant 0
 for _kind in ("full", "full_like", "fill", "scalar_tensor", "zeros", "ones", "zeros_like", "ones_like", "empty_like",
-              "empty", "new_zeros", "new_ones", "new_full", "new_empty", "empty_strided", "new_empty_strided"):
+              "empty", "new_zeros", "new_ones", "new_full", "new_empty", "empty_strided", "new_empty_strided",
+              "_efficientzerotensor"):
     LOWERINGS[f"aten.{_kind}"] = _full_of(_kind)
