@@ -319,6 +319,20 @@ def test_efficient_zero_tensors_are_zeros_in_kernels():
     run(gradgrad, torch.randn(5, 5, dtype=torch.float64))
 
 
+def test_max_and_min_against_constants_propagate_nan():
+    """maximum/minimum/clamp/relu test an operand for NaN unless it is a constant other than NaN (log_sigmoid's
+    backward compares two constants: Triton's interpreter rejected the scalar test or'ed with a block)."""
+    def grad(x):
+        x = x.detach().requires_grad_()
+        F.logsigmoid(x).sum().backward()
+        return x.grad
+
+    x = torch.randn(20)
+    x[3] = float("nan")
+    run(lambda t: [grad(t), t.clamp(min=0.0), t.relu(), torch.maximum(t, torch.tensor(float("nan"))),
+                   t.clamp(max=float("nan"))], x)
+
+
 def test_few_long_rows_are_split_reductions(monkeypatch):
     """Note [Split reductions]: a kernel of few long rows reduces chunks in many programs, then the partials (the
     thresholds scaled down 16x, so that the interpreter runs it quickly)."""

@@ -103,18 +103,26 @@ def _signbit(e: Expr, a: List[str]) -> str:
     return f"({a[0]}.to({_SIGNED_INT[t]}, bitcast=True) < 0)"
 
 
+def _or_nan(e: Expr, a: List[str], i: int) -> str:
+    """``(x != x) | `` for operand ``i``, a NaN test, where it may be NaN: a constant other than NaN is not (and a
+    test of two constants, a scalar bool or'ed with a block, is what Triton's interpreter rejects)."""
+    if e.args[i].op == "const" and "nan" not in a[i]:
+        return ""
+    return f"({a[i]} != {a[i]}) | "
+
+
 def _nan_max(gt: str) -> Template:
     """maximum/minimum (and clamp): a NaN operand propagates, as in eager."""
     def render(e: Expr, a: List[str]) -> str:
         if e.dtype.is_floating_point:
-            return f"tl.where(({a[0]} != {a[0]}) | ({a[0]} {gt} {a[1]}), {a[0]}, {a[1]})"
+            return f"tl.where({_or_nan(e, a, 0)}({a[0]} {gt} {a[1]}), {a[0]}, {a[1]})"
         return f"tl.where({a[0]} {gt} {a[1]}, {a[0]}, {a[1]})"
     return render
 
 
 def _num_max(gt: str) -> Template:
     """fmax/fmin: a NaN operand is ignored unless both are NaN."""
-    return lambda e, a: f"tl.where(({a[1]} != {a[1]}) | ({a[0]} {gt} {a[1]}), {a[0]}, {a[1]})"
+    return lambda e, a: f"tl.where({_or_nan(e, a, 1)}({a[0]} {gt} {a[1]}), {a[0]}, {a[1]})"
 
 
 def _div_guard(fn: str) -> Template:
@@ -129,7 +137,7 @@ def _div_guard(fn: str) -> Template:
 
 def _relu(e: Expr, a: List[str]) -> str:
     if e.dtype.is_floating_point:
-        return f"tl.where(({a[0]} != {a[0]}) | ({a[0]} > 0), {a[0]}, {_zero(e)})"
+        return f"tl.where({_or_nan(e, a, 0)}({a[0]} > 0), {a[0]}, {_zero(e)})"
     return f"tl.where({a[0]} > 0, {a[0]}, {_zero(e)})"
 
 
