@@ -4,8 +4,9 @@ out= variants against eager on the backing device), with every graph compiled by
 On the cpu backing device the kernels run under Triton's interpreter, which is slow: the default run covers a
 representative subset (``DEFAULT_OPS`` in ``DEFAULT_DTYPES``: pointwise families, integer division, comparisons,
 casts, where/clamp, each reduction kind, softmax, norms, arg reductions, movement and indexing ops); ``-m slow``
-runs the ops of tests/test_conformance_cpp.py's default set in every dtype. With LAZY_BACKING_DEVICE=cuda the
-same cases compare Triton's compiled kernels with eager CUDA.
+runs the ops of tests/test_conformance_cpp.py's default set in every dtype. ``test_grad_triton`` runs the gradient
+and double-backward checks of tests/test_conformance_autograd.py for every differentiable op (about a minute on the
+cpu). With LAZY_BACKING_DEVICE=cuda the same cases compare Triton's compiled kernels with eager CUDA.
 
 A graph the renderer cannot express runs on the reference executor (``compile_fallback``): never wrong, but the
 default run asserts there is none for its ops.
@@ -18,6 +19,7 @@ import torch
 import lazy
 
 import test_conformance as tc
+import test_conformance_autograd as tca
 import test_conformance_cpp as tcc
 
 pytest.importorskip("triton")
@@ -67,3 +69,15 @@ def test_op_triton(op, dtype, monkeypatch):
     n = lazy.metrics.counter("compile_fallback")
     assert not n or tc.full_name(op) not in DEFAULT_OPS, \
         f"{n} graph(s) fell back to the reference executor: {[str(w.message) for w in caught][:2]}"
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("order", [1, 2], ids=["grad", "gradgrad"])
+@pytest.mark.parametrize("op", [pytest.param(op, id=tc.full_name(op)) for op in tca.CASES])
+def test_grad_triton(op, order):
+    """tests/test_conformance_autograd.py's check of an op's gradients (``gradgrad``: its double backward), every
+    graph compiled by Triton: backward graphs are where index checks of masked lanes and constants' NaN tests
+    went wrong."""
+    if order == 2 and not op.supports_gradgrad:
+        pytest.skip("no double backward")
+    tca._check(op, order)
