@@ -304,9 +304,10 @@ def test_indices_are_checked_only_in_lanes_that_hold_elements():
         return out[0] + out[1]
 
     run(grads, torch.randn(5, 5, 5))
-    with pytest.raises(IndexError, match="index out of range"):  # a real one still raises
-        F.embedding(torch.tensor([[1, 2, 3], [0, 12, 1]]).to("lazy"), torch.randn(10, 4).to("lazy")).cpu()
-    lazy.mark_step()
+    if DEVICE == "cpu":  # a real one still raises (on cuda, a device-side assert: test_an_index_out_of_range_...)
+        with pytest.raises(IndexError, match="index out of range"):
+            F.embedding(torch.tensor([[1, 2, 3], [0, 12, 1]]).to("lazy"), torch.randn(10, 4).to("lazy")).cpu()
+        lazy.mark_step()
 
 
 def test_efficient_zero_tensors_are_zeros_in_kernels():
