@@ -461,3 +461,39 @@ def test_a_constant_scalars_tuple_is_packed_once(monkeypatch):
     for scalars in ((2.0, -1.0), [3.0, 0.5], (2.0, -1.0)):  # new values, a list, an equal but new tuple
         torch.testing.assert_close(p.run([leaf], scalars)[0], (leaf * scalars[0] + scalars[1]).sin())
     assert not p._packed[5]
+
+
+def test_programs_of_many_segments_compile_as_units_at_once(monkeypatch):
+    """Note [Programs compiled in parallel]: a program's segments split into translation units compiled apart and
+    linked; its kernels call sin/cos from several units (their vector variants are defined once), the program's
+    source stays one unit, and the results are eager's, equal to those of the same program built as one unit."""
+    from lazy.runtime import cpp as runtime
+    built = []
+    real_build = runtime._build
+
+    def build(units, tmp):
+        built.append(len(units))
+        return real_build(units, tmp)
+
+    def fn(x, w):
+        a = (x * 1.5).sin()
+        b = (a @ w + 1.0).cos()  # the matmul (an extern) ends a segment
+        c = (b @ w).sin().exp()
+        return [c, (c @ w * 0.5).sin() + a.sum()]
+
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    monkeypatch.setattr(runtime, "_build", build)
+    monkeypatch.setattr(runtime, "_units", lambda: 4)
+    monkeypatch.setattr(cpp, "UNIT_MIN_CHARS", 1)
+    split = [t.cpu() for t in fn(x.to("lazy"), w.to("lazy"))]
+    source = graph_cache.latest().source
+    assert built and built[-1] >= 3 and source.count("int lz_err") == 1  # linked: sin's variants defined once
+    for got, want in zip(split, fn(x, w)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(runtime, "_units", lambda: 1)
+    graph_cache._CACHE.clear()
+    with lazy.config.override(cache_dir=None):
+        whole = [t.cpu() for t in fn(x.to("lazy"), w.to("lazy"))]
+    assert built[-1] == 1
+    for a, b in zip(split, whole):
+        assert torch.equal(a, b)

@@ -78,22 +78,47 @@ def flags() -> List[str]:
     return list(FLAGS) + list(target().flags)
 
 
-def _build(source: str, tmp: str) -> str:
-    """Compile ``source`` into a shared library in the directory ``tmp``; returns its path."""
-    src, so = os.path.join(tmp, "graph.cpp"), os.path.join(tmp, "graph.so")
-    with open(src, "w") as f:
-        f.write(source)
-    cmd = shlex.split(config.cxx) + flags() + ["-o", so, src]
+def _build(units: List[str], tmp: str) -> str:
+    """Compile the translation units ``units`` of one program into a shared library in the directory ``tmp``, at
+    once (Note [Programs compiled in parallel] in codegen/cpp.py); returns its path."""
+    so = os.path.join(tmp, "graph.so")
+    cxx = shlex.split(config.cxx)
+    sources = []
+    for i, text in enumerate(units):
+        sources.append(os.path.join(tmp, f"graph{i or ''}.cpp"))
+        with open(sources[-1], "w") as f:
+            f.write(text)
+    if len(units) == 1:
+        commands = [cxx + flags() + ["-o", so, sources[0]]]
+    else:
+        objects = [src[:-4] + ".o" for src in sources]
+        commands = [cxx + flags() + ["-c", "-o", obj, src] for src, obj in zip(sources, objects)]
     start = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for cmd in commands]
     except OSError as e:
         raise CompileError(f"cannot run the C++ compiler {config.cxx!r} ({e}); set LAZY_CXX") from e
+    results = []
+    for proc in procs:
+        _, err = proc.communicate()
+        results.append((proc.returncode, err))
+    if len(units) > 1 and all(code == 0 for code, _ in results):
+        link = subprocess.run(cxx + flags() + ["-o", so] + objects, capture_output=True, text=True)
+        results.append((link.returncode, link.stderr))
     metrics.bump("cpp.compiles")
     metrics.bump("cpp.compile_time_s", time.perf_counter() - start)
-    if proc.returncode != 0:
-        raise CompileError(f"{config.cxx} failed ({proc.returncode}): {proc.stderr.strip()[:2000]}")
+    for code, err in results:
+        if code != 0:
+            raise CompileError(f"{config.cxx} failed ({code}): {err.strip()[:2000]}")
     return so
+
+
+def _units() -> int:
+    """How many translation units a program's source may be split into: the cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 class Program:
@@ -108,17 +133,17 @@ class Program:
         lowered = lower(lin)                                   # ATen graph -> kernel IR + externs
         sched = schedule(lowered, renderer.LIMITS)             # fusion, order, buffer lifetimes
         self.kernel_ir = format_schedule(sched)
-        source, segments = renderer.render(sched, config.debug >= 3)  # kernel IR -> C++
+        source, segments, units = renderer.render(sched, config.debug >= 3, _units())  # kernel IR -> C++
         self.source = source
         describe(self, lin, lowered, sched)
         key = disk.graph_digest(lin, "cpp", config.cxx, " ".join(flags()), target().key())
-        self.lib = self._load(key, source) if segments else None
+        self.lib = self._load(key, source, units) if segments else None
         self._plan(lowered, sched, segments)
         metrics.bump("kernels_compiled", self.num_kernels)
         for name, n in self.externs_by_op.items():
             metrics.bump(f"extern.{name}", n)
 
-    def _load(self, key: str, source: str) -> Any:
+    def _load(self, key: str, source: str, units: List[str]) -> Any:
         path = disk.lookup(key, source)
         if path is not None:
             return ctypes.CDLL(path)
@@ -126,7 +151,7 @@ class Program:
         # stays mapped when its file is gone): one dir per compile filled /tmp over a long session
         tmp = tempfile.mkdtemp(prefix="lazy-cpp-")
         try:
-            built = _build(source, tmp)
+            built = _build(units, tmp)
             return ctypes.CDLL(disk.store(key, source, built) or built)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
