@@ -16,6 +16,10 @@ read at the end of each step (a sync). The sizes cycle through --sizes (batch x 
 - dynamic:  @lazy.compile(dynamic=True): captured once, with symbolic sizes; a new size rebuilds the graph from the
             recorded ops, without the function's Python, and compiles it (lazy/capture/dynamic.py).
 - compile:  torch.compile(model, dynamic=True) (inductor), the optimizer step eager.
+
+Compile caches start empty (a fresh lazy cache directory for each lazy backend, a fresh inductor cache directory
+for the process), so the first and new-size columns are what a size costs the first time it is seen anywhere;
+``--warm`` keeps the user's caches (a size compiled by an earlier process is then read from disk).
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ import time
 import torch
 
 import machine
-from common import restrict_inductor
+from common import restrict_inductor, temp_dir
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from models import TinyGPT  # noqa: E402
@@ -52,8 +56,11 @@ def data(sizes, rounds):
     return out
 
 
-def run(backend: str, sizes, rounds: int) -> dict:
+def run(backend: str, sizes, rounds: int, warm: bool) -> dict:
     import lazy
+    if backend in ("static", "dynamic") and not warm:
+        with lazy.config.override(cache_dir=temp_dir("lazy-bench-cache-")):
+            return run(backend, sizes, rounds, True)
     device = "lazy" if backend in ("static", "dynamic") else "cpu"
     model, opt = make(device)
     net = torch.compile(model, dynamic=True) if backend == "compile" else model
@@ -84,14 +91,18 @@ def main() -> None:
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--sizes", default="16x32,12x24,20x40,8x16,16x48")
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--warm", action="store_true", help="keep the user's lazy and inductor compile caches")
     args = parser.parse_args()
+    if not args.warm:  # read by inductor when it first compiles
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = temp_dir("inductor-bench-cache-")
     restrict_inductor()
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
     print(machine.describe())
-    print(f"tiny GPT 2x64, AdamW; sizes (batch x length) {args.sizes}; {args.rounds} rounds")
+    print(f"tiny GPT 2x64, AdamW; sizes (batch x length) {args.sizes}; {args.rounds} rounds; "
+          f"{'warm' if args.warm else 'empty'} compile caches")
     results = {}
     for backend in args.backends.split(","):
-        results[backend] = run(backend, sizes, args.rounds)
+        results[backend] = run(backend, sizes, args.rounds, args.warm)
     base = results.get("eager")
     comp = results.get("compile")
     print(f"{'backend':<10} {'first (ms)':>11} {'new size (ms)':>14} {'step (ms)':>10} {'/ eager':>8} "
