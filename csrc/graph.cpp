@@ -107,7 +107,9 @@ PyObject* list_of(const std::vector<PyObject*>& items) {
 }
 
 // The walk's scratch space, kept between syncs: sized by the largest graph so far, no allocation per sync. The walk
-// calls no Python code (Note [Marks of a walk]), so it is never re-entered.
+// itself allocates no Python object (Note [Marks of a walk]); the lists made after it can start a garbage
+// collection, whose finalizers may sync (and walk) again: such a nested walk takes scratch space of its own, and
+// the outer one has read every node's position before it makes anything.
 struct WalkScratch {
   std::vector<NodeObject*> stack;
   std::vector<PyObject*> order;  // the nodes, placed
@@ -122,7 +124,17 @@ PyObject* linearize(PyObject*, PyObject* roots_arg) {
   PyObject** root_items = PySequence_Fast_ITEMS(roots);
   const long long walk = ++g_walk;
   auto placed = [walk](PyObject* n) { return reinterpret_cast<NodeObject*>(n)->walk == walk; };
-  static WalkScratch* scratch = new WalkScratch();
+  static WalkScratch* shared = new WalkScratch();
+  static bool shared_busy = false;
+  WalkScratch own;
+  WalkScratch* scratch = shared_busy ? &own : shared;
+  struct Release {
+    bool* busy;
+    ~Release() {
+      if (busy != nullptr) *busy = false;
+    }
+  } release{scratch == shared ? &shared_busy : nullptr};
+  if (scratch == shared) shared_busy = true;
   std::vector<PyObject*>& order = scratch->order;
   std::vector<NodeObject*>& stack = scratch->stack;
   std::vector<int64_t>& enc = scratch->enc;
@@ -183,12 +195,14 @@ PyObject* linearize(PyObject*, PyObject* roots_arg) {
     }
   }
   enc.push_back(kKeyOutputs);  // the key: the body, the separator, then the outputs
+  const size_t body = enc.size();
+  for (Py_ssize_t r = 0; r < n_roots; ++r) {  // every position read before anything is allocated
+    enc.push_back(reinterpret_cast<NodeObject*>(root_items[r])->walk_pos);
+  }
   PyObject* outputs = PyList_New(n_roots);
   if (outputs == nullptr) return fail();
   for (Py_ssize_t r = 0; r < n_roots; ++r) {
-    int64_t at = reinterpret_cast<NodeObject*>(root_items[r])->walk_pos;
-    enc.push_back(at);
-    PyObject* i = PyLong_FromLongLong(at);
+    PyObject* i = PyLong_FromLongLong(enc[body + static_cast<size_t>(r)]);
     if (i == nullptr) {
       Py_DECREF(outputs);
       return fail();

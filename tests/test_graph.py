@@ -114,3 +114,36 @@ def test_a_long_graph_is_freed_to_its_leaves():
     assert alive() is not None  # the chain lives on in ``kept``
     del kept
     assert alive() is None
+
+
+def test_a_walk_nested_in_a_finalizer_leaves_the_outer_walk_whole():
+    """The lists a walk makes can start a garbage collection whose finalizers sync, and so walk, again: the outer
+    walk's order, key, leaves and scalars are those of a walk without one."""
+    import gc
+
+    x, y = torch.randn(3, 4).to(L), torch.randn(4).to(L)
+    g = ((x * 2.0 + y).relu() * 3.0).sum(0)
+    want = linearize([value(g)])
+    nested = []
+
+    class Cycle:
+        def __init__(self):
+            self.me = self
+
+        def __del__(self):  # another graph, walked while the outer walk makes its lists
+            nested.append(linearize([value((y * 5.0).exp() - x.sum(1).sum())]))
+
+    threshold = gc.get_threshold()
+    gc.collect()
+    try:
+        for _ in range(50):
+            Cycle()
+            gc.set_threshold(1)  # every container allocated collects: the walk's lists run the finalizer
+            got = linearize([value(g)])
+            gc.set_threshold(*threshold)
+            assert got.key == want.key and got.outputs == want.outputs and got.scalars == want.scalars
+            assert [id(n) for n in got.order] == [id(n) for n in want.order]
+            assert [t.data_ptr() for t in got.leaves] == [t.data_ptr() for t in want.leaves]
+    finally:
+        gc.set_threshold(*threshold)
+    assert nested  # the finalizer did walk inside some of them
