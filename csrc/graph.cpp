@@ -93,8 +93,6 @@ PyObject* interned_key(const std::vector<int64_t>& enc) {
   return key;
 }
 
-}  // namespace
-
 // A new list of ``items``, each with a new reference.
 PyObject* list_of(const std::vector<PyObject*>& items) {
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(items.size()));
@@ -105,6 +103,8 @@ PyObject* list_of(const std::vector<PyObject*>& items) {
   }
   return list;
 }
+
+}  // namespace
 
 // The walk's scratch space, kept between syncs: sized by the largest graph so far, no allocation per sync. The walk
 // itself allocates no Python object (Note [Marks of a walk]); the lists made after it can start a garbage

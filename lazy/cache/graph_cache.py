@@ -83,8 +83,7 @@ def lookup(lin: Linearized, device: torch.device) -> tuple:
     compiled at its ``compile_after``-th execution (Note [Tiered compilation]); an explicit compiler compiles at
     the first."""
     backend = backend_for(device)
-    # Note [Kernel ISA] (runtime/cpp_isa.py) and Note [Tuned block sizes]: kernels differ by these knobs
-    key = (lin.key, device, backend, config.cpu_isa, config.autotune)
+    key = _cache_key(lin.key, device, backend)
     entry = _CACHE.get(key)
     if entry is not None:
         _CACHE.move_to_end(key)
@@ -110,11 +109,17 @@ def lookup(lin: Linearized, device: torch.device) -> tuple:
     return program, False
 
 
+def _cache_key(key: bytes, device: torch.device, backend: str) -> tuple:
+    """The cache's key of the graph key ``key`` compiled by ``backend`` for ``device``: kernels differ by the ISA
+    and tuning knobs too (Note [Kernel ISA] in runtime/cpp_isa.py, Note [Tuned block sizes])."""
+    return (key, device, backend, config.cpu_isa, config.autotune)
+
+
 def compiled(key: bytes, device: torch.device) -> Any:
     """The compiled program cached for the graph key ``key`` on ``device`` (made most recently used), or None where
     there is none or it is still warming up (Note [Tiered compilation]): a hit as ``lookup``'s, which the caller
     counts, never a compile."""
-    full = (key, device, backend_for(device), config.cpu_isa, config.autotune)
+    full = _cache_key(key, device, backend_for(device))
     entry = _CACHE.get(full)
     if entry is None or type(entry) is _Warming:
         return None

@@ -157,7 +157,6 @@ class _Scope:
             return f"{text}.to({tl_type(e.dtype)})" if e.dtype in HALF else text
         return fn(_View(e, have, e.dtype), args)
 
-
     def _live(self, e: Expr) -> str:
         """The mask of the lanes where ``e``'s loop variables are in range."""
         try:

@@ -82,17 +82,17 @@ def _build(units: List[str], tmp: str) -> str:
     """Compile the translation units ``units`` of one program into a shared library in the directory ``tmp``, at
     once (Note [Programs compiled in parallel] in codegen/cpp.py); returns its path."""
     so = os.path.join(tmp, "graph.so")
-    cxx = shlex.split(config.cxx)
+    cxx = shlex.split(config.cxx) + flags()
     sources = []
     for i, text in enumerate(units):
         sources.append(os.path.join(tmp, f"graph{i or ''}.cpp"))
         with open(sources[-1], "w") as f:
             f.write(text)
     if len(units) == 1:
-        commands = [cxx + flags() + ["-o", so, sources[0]]]
+        commands = [cxx + ["-o", so, sources[0]]]
     else:
         objects = [src[:-4] + ".o" for src in sources]
-        commands = [cxx + flags() + ["-c", "-o", obj, src] for src, obj in zip(sources, objects)]
+        commands = [cxx + ["-c", "-o", obj, src] for src, obj in zip(sources, objects)]
     start = time.perf_counter()
     try:
         procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for cmd in commands]
@@ -103,7 +103,7 @@ def _build(units: List[str], tmp: str) -> str:
         _, err = proc.communicate()
         results.append((proc.returncode, err))
     if len(units) > 1 and all(code == 0 for code, _ in results):
-        link = subprocess.run(cxx + flags() + ["-o", so] + objects, capture_output=True, text=True)
+        link = subprocess.run(cxx + ["-o", so] + objects, capture_output=True, text=True)
         results.append((link.returncode, link.stderr))
     metrics.bump("cpp.compiles")
     metrics.bump("cpp.compile_time_s", time.perf_counter() - start)

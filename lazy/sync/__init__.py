@@ -101,20 +101,8 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str,
                 st.failed = st.value
             raise
     else:
-        launch.ready_all(lin.leaves)
-        start = time.perf_counter()
-        try:
-            outs = launch.run_in_place(program, lin.leaves, lin.scalars, overlaps)
-        except Exception:
-            # Eager would have raised at the op; here the graph raised. Its values stay IR (using them raises
-            # again), but later mark_steps skip them, so one failed graph does not make every later step fail.
-            for st in pending:
-                st.failed = st.value
-            raise
-        seconds = time.perf_counter() - start
+        outs, seconds = _run_here(program, lin, pending, overlaps, asynchronous)
         metrics.bump("run_time_s", seconds)
-        if asynchronous:  # what launches need to know (Note [Programs too short to launch])
-            launch.remember_layout(program, outs, lin.order, seconds)
     if checks:  # the checks' outputs (markers) sit between the storages asked for and those added
         at = len(roots) + first_pending
         outs = outs[:at] + outs[at + len(checks):]
@@ -127,6 +115,24 @@ def sync_nodes(roots: Sequence[Node], storages: Iterable[Storage], cause: str,
     if config.debug >= 1:
         log(1, f"sync ({cause}) at {where}: {len(lin.order)} nodes, {'cache hit' if hit else 'compiled'}")
     return outs[:len(roots)]
+
+
+def _run_here(program: Any, lin: Linearized, pending: List[Storage], overlaps: bool, asynchronous: bool) -> tuple:
+    """(outputs, seconds) of ``program``'s run on the calling thread (on the budget where it ``overlaps``)."""
+    launch.ready_all(lin.leaves)
+    start = time.perf_counter()
+    try:
+        outs = launch.run_in_place(program, lin.leaves, lin.scalars, overlaps)
+    except Exception:
+        # Eager would have raised at the op; here the graph raised. Its values stay IR (using them raises
+        # again), but later mark_steps skip them, so one failed graph does not make every later step fail.
+        for st in pending:
+            st.failed = st.value
+        raise
+    seconds = time.perf_counter() - start
+    if asynchronous:  # what launches need to know (Note [Programs too short to launch])
+        launch.remember_layout(program, outs, lin.order, seconds)
+    return outs, seconds
 
 
 def _leaf_templates(program: Any, n: int) -> Any:
@@ -190,17 +196,15 @@ def mark_step() -> None:
         metrics.bump_many(("mark_step", 1), ("sync.mark_step", 1))
         SYNC_LOG.append(SyncRecord("mark_step", user_frame(), 0, None))
         return
+    lin = None
     if capture is None and not record.PENDING_CHECKS:
         if launch.watching():  # as sync_nodes does first (Note [Runs that overlap nothing] in sync/launch.py)
             launch.settle_watch()
         lin = linearize([st.value for st in pending])
         if _short_sync(pending, lin):
             return
-        metrics.bump("mark_step")
-        sync_nodes((), pending, "mark_step", lin)
-        return
     metrics.bump("mark_step")
-    sync_nodes((), pending, "mark_step")
+    sync_nodes((), pending, "mark_step", lin)
 
 
 # Note [The short path of a cached sync]
@@ -232,17 +236,7 @@ def _short_sync(pending: List[Storage], lin: Linearized) -> bool:
     overlaps = asynchronous and launch.overlaps(program)
     if overlaps and launch.layout_known(program) is not None:
         return False  # it launches
-    launch.ready_all(leaves)
-    start = time.perf_counter()
-    try:
-        outs = launch.run_in_place(program, leaves, lin.scalars, overlaps)
-    except Exception:
-        for st in pending:  # as in sync_nodes
-            st.failed = st.value
-        raise
-    seconds = time.perf_counter() - start
-    if asynchronous:
-        launch.remember_layout(program, outs, lin.order, seconds)
+    outs, seconds = _run_here(program, lin, pending, overlaps, asynchronous)
     _C.bind_outputs(pending, outs if type(outs) is list else list(outs), 0, _leaf_templates(program, len(pending)))
     if asynchronous:
         launch.watch(program, outs)
