@@ -160,7 +160,6 @@ class Entry:
         self._consts = r.consts
         return fn
 
-
     def failures(self, A: tuple) -> List[str]:
         """The guards ``A`` fails, each as "kind expression: expected ..., now ..." (for recompile reasons)."""
         out = []
