@@ -9,7 +9,9 @@
 Models, batches and losses are those of tests/models.py (MLP, CNN with BatchNorm/GroupNorm, Transformer encoder
 layer, tiny GPT); the batch is moved to the device inside the step. Every backend runs the same steps from the same
 initial weights, so the final losses agree up to rounding (a sanity check printed under the table). Time per step
-is the median over --steps steps after --warmup steps, wall clock, each step ending in a sync. With --device cuda,
+is the median over --steps steps after --warmup steps, wall clock, each step ending in a sync (on cuda under the
+tiered compiler, the warmup steps count from the last step that ran while its Triton kernels compiled, so the
+timed steps run them; the loss reported is still step warmup + steps's). With --device cuda,
 where eager and lazy steps both return before the GPU is done, it is the wall time of all timed steps, the GPU
 synchronized at the end, divided by their number:
 
@@ -89,6 +91,7 @@ def loss_of(kind: str, out, y):
 
 BACKENDS = ("eager", "lazy", "lazy-sync", "capture", "capture-ro", "compile", "ltc")
 RESULT_PREFIX = "RESULT "
+WARM_LIMIT_S = 120.0  # how long warmup waits for tiered Triton kernels (time_training)
 
 
 def describe(e: Exception) -> str:
@@ -98,9 +101,12 @@ def describe(e: Exception) -> str:
 
 
 def time_training(kind: str, device: str, sync, args, wrap=None, wrap_step=None, compile_step=None,
-                  run_clock=None) -> dict:
+                  run_clock=None, warming=None) -> dict:
     """Run warmup + timed steps of ``kind`` on ``device``; ``sync()`` ends each step; ``compile_step`` wraps the
-    whole step function; ``run_clock()``, if given, is the time spent running programs so far (seconds).
+    whole step function; ``run_clock()``, if given, is the time spent running programs so far (seconds);
+    ``warming()``, if given, counts the runs so far that ran while their kernels compiled (tiered): the warmup
+    steps count from the last step that did (for at most WARM_LIMIT_S), so the timed steps are the steady state.
+    The loss reported is the one of step ``warmup + steps`` whatever the warmup, so every backend's is comparable.
 
     Returns the first step's time, the median steady-state step time (both in ms) and the final loss; with
     ``run_clock``, also the median and fastest step split into recording (the step less its program's run) and run.
@@ -128,9 +134,11 @@ def time_training(kind: str, device: str, sync, args, wrap=None, wrap_step=None,
     step_fn = compile_step(train_step) if compile_step else train_step
     batches = [make_batch(kind, i, args.size) for i in range(8)]
     times, runs = [], []
-    for step in range(args.warmup + args.steps):
+    warmup, started, warm_runs, reported = args.warmup, time.perf_counter(), 0, None
+    step = 0
+    while step < warmup + args.steps:
         x, y = batches[step % len(batches)]
-        if step == args.warmup:
+        if step == warmup:
             finish()
             timed_start = time.perf_counter()
         ran = run_clock() if run_clock else 0.0
@@ -142,16 +150,25 @@ def time_training(kind: str, device: str, sync, args, wrap=None, wrap_step=None,
         if step == 0:
             finish()
             times[0] = time.perf_counter() - start
+        if step == args.warmup + args.steps - 1:
+            reported = loss.detach()
+        if warming is not None and step < warmup and time.perf_counter() - started < WARM_LIMIT_S:
+            warm_runs, before = warming(), warm_runs
+            if warm_runs > before:
+                warmup = step + 1 + args.warmup
+        step += 1
     finish()
     average = (time.perf_counter() - timed_start) / args.steps
-    median = statistics.median(times[args.warmup:])
+    timed, timed_runs = times[warmup:], runs[warmup:]
+    median = statistics.median(timed)
     # on cuda a step's call returns once its work is enqueued: its median is the host time per step
     result = {"first_ms": times[0] * 1e3, "ms": (average if args.device == "cuda" else median) * 1e3,
-              "min_ms": min(times[args.warmup:]) * 1e3, "host_ms": median * 1e3, "loss": float(loss.detach().cpu())}
+              "min_ms": min(timed) * 1e3, "host_ms": median * 1e3, "loss": float(reported.cpu()),
+              "warm_steps": warmup}
     if run_clock:
-        recording = [t - r for t, r in zip(times[args.warmup:], runs[args.warmup:])]
+        recording = [t - r for t, r in zip(timed, timed_runs)]
         result.update(rec_ms=statistics.median(recording) * 1e3, rec_min_ms=min(recording) * 1e3,
-                      run_ms=statistics.median(runs[args.warmup:]) * 1e3, run_min_ms=min(runs[args.warmup:]) * 1e3)
+                      run_ms=statistics.median(timed_runs) * 1e3, run_min_ms=min(timed_runs) * 1e3)
     return result
 
 
@@ -170,7 +187,8 @@ def run_lazy(kind: str, args, asynchronous: bool = True, capture: bool = False, 
     with lazy.config.override(async_execution=asynchronous, backing_device=args.device):
         compile_step = (lambda f: lazy.compile(f, mode=mode)) if capture else None
         result = time_training(kind, "lazy", lazy.mark_step, args, compile_step=compile_step,
-                               run_clock=(lambda: lazy.metrics.counter("run_time_s")) if split else None)
+                               run_clock=(lambda: lazy.metrics.counter("run_time_s")) if split else None,
+                               warming=lambda: lazy.metrics.counter("triton.warming_runs"))
         lazy.wait_device_ops()
     counters = lazy.metrics.counters()
     result["compiles"] = int(counters.get("compiles", 0))
@@ -274,6 +292,8 @@ def print_report(results: dict, args) -> None:
             if "compiles" in r:
                 cell += f" ({r['compiles']} compiles / {r['hits']} hits"
                 cell += f", {r['graph_replays']} CUDA-graph replays)" if r.get("graph_replays") else ")"
+            if r.get("warm_steps", args.warmup) > args.warmup:  # tiered: its Triton kernels compiled meanwhile
+                cell += f" timed after {r['warm_steps']} warmup steps"
             cells.append(cell + f" loss {r['loss']:.4f}")
         print(f"  {kind:8} " + "; ".join(cells))
     for line in errors:

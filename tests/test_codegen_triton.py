@@ -221,7 +221,8 @@ while True:
     if backends[-1] or time.perf_counter() - start > 120:
         break
     time.sleep(0.05)
-print("RESULT", len(backends), backends[-1], metrics.counter("triton.compiles"), metrics.counter("disk_cache.hit"))
+print("RESULT", len(backends), backends[-1], metrics.counter("triton.compiles"), metrics.counter("disk_cache.hit"),
+      metrics.counter("triton.warming_runs"))
 """
 
 
@@ -239,9 +240,10 @@ def test_tiered_compiles_in_workers_then_a_second_process_compiles_nothing(tmp_p
         line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")]
         assert line, out.stderr[-3000:]
         results.append(line[0].split()[1:])
-    (runs1, ok1, compiles1, _), (runs2, ok2, compiles2, hits2) = results
+    (runs1, ok1, compiles1, _, warming1), (runs2, ok2, compiles2, hits2, warming2) = results
     assert ok1 == "True" and int(runs1) > 2 and int(compiles1) >= 1  # runs 1 and 2 on the reference executor
-    assert ok2 == "True" and int(runs2) == 2 and compiles2 == "0" and int(hits2) >= 1
+    assert float(warming1) == int(runs1) - 2  # run 1 before the tier-up, the last on the kernels
+    assert ok2 == "True" and int(runs2) == 2 and compiles2 == "0" and int(hits2) >= 1 and float(warming2) == 0
 
 
 def test_records_of_compiled_kernels_detect_corrupt_and_foreign_entries(tmp_path, monkeypatch):

@@ -7,6 +7,12 @@ backward: the sum of those gradients is differentiated again). The same runs on 
 gradients are synced with ``.cpu()`` and compared with ``assert_close``. Random ops compare only shape and dtype.
 Samples eager rejects are skipped and not counted.
 
+Where a gradient is ill-conditioned in float32, eager's own error can exceed the tolerance (special.log_ndtr's double
+backward at x = -8: eager float32 is 3e-4 from float64, a cancellation of two near-equal terms), and eager CPU, eager
+CUDA and a fused kernel each round differently. A gradient outside the tolerance then passes only if it is, element
+by element, within the tolerance plus twice eager's own error of the same gradient computed in float64 (the rule of
+PyTorch's reference tests, ``_ref_test_helper``: no farther from the precise result than eager is).
+
 Known failures share ``conformance_known_failures.py`` under ``(name + ".grad" or ".gradgrad", "float32")``;
 a known failure may raise, never return a wrong gradient.
 """
@@ -126,8 +132,34 @@ def _check(op, order: int):
         if g is None:
             g = torch.zeros_like(w)  # lazy found the input unused: a zero gradient
         # the gradient of a random op depends on lazy's own random values: shape and dtype only
-        tc._compare(g, w, None if tc.values_kind(op) is None else "uninitialized", where)
+        random = tc.values_kind(op) is not None
+        try:
+            tc._compare(g, w, "uninitialized" if random else None, where)
+        except AssertionError:
+            if random or not _within_eager_error(op, pristine, order, i, g, w):
+                raise
     RESULTS[key] = "pass"
+
+
+def _within_eager_error(op, pristine, order: int, i: int, got, want) -> bool:
+    """Whether ``got`` (gradient ``i``) is within the tolerance plus twice eager's own error of the float64 gradient
+    (the module's docstring); False where the op has no float64."""
+    if torch.float64 not in op.supported_dtypes("cpu") or not want.is_floating_point():
+        return False
+
+    def precise(v):
+        v = _eager_clone(v)
+        return v.detach().double().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) \
+            and v.is_floating_point() else v
+    torch.manual_seed(0)
+    exact = _grads(op, tree_map(precise, pristine, is_leaf=tc._is_leaf), on_lazy=False, order=order)[i]
+    if exact is None:
+        return False
+    tol = tc.TOLERANCES[DTYPE]
+    exact, got, want = exact.cpu(), got.double().cpu(), want.double().cpu()
+    bound = tol["atol"] + tol["rtol"] * exact.abs() + 2 * (want - exact).abs()
+    same = (got == exact) | (got.isnan() & exact.isnan())
+    return bool((same | ((got - exact).abs() <= bound)).all())
 
 
 def test_grad_summary(capsys):
@@ -137,3 +169,16 @@ def test_grad_summary(capsys):
         print(f"\nlazy OpInfo autograd conformance (grad and gradgrad): {passed}/{len(counted)} pass, "
               f"{sum(v == 'known' for v in counted.values())} known failures/skips, "
               f"{sum(v == 'fail' for v in counted.values())} failures")
+
+
+def test_within_eager_error_rule():
+    """The ill-conditioned fallback accepts a gradient as close to float64 as eager's, and rejects one farther."""
+    op = next(o for o in tc.op_db if tc.full_name(o) == "special.log_ndtr")
+    torch.manual_seed(0)
+    sample = next(iter(op.sample_inputs("cpu", DTYPE, requires_grad=True)))
+    pristine = (sample.input, tuple(sample.args), dict(sample.kwargs))
+    want = _grads(op, tree_map(_eager_clone, pristine, is_leaf=tc._is_leaf), on_lazy=False, order=2)[0]
+    exact = _grads(op, tree_map(lambda v: v.detach().double().requires_grad_() if isinstance(v, torch.Tensor) else v,
+                                pristine, is_leaf=tc._is_leaf), on_lazy=False, order=2)[0]
+    assert _within_eager_error(op, pristine, 2, 0, exact.float(), want)
+    assert not _within_eager_error(op, pristine, 2, 0, want * (1 + 1e-3), want)
