@@ -188,7 +188,7 @@ def run_lazy(kind: str, args, asynchronous: bool = True, capture: bool = False, 
         compile_step = (lambda f: lazy.compile(f, mode=mode)) if capture else None
         result = time_training(kind, "lazy", lazy.mark_step, args, compile_step=compile_step,
                                run_clock=(lambda: lazy.metrics.counter("run_time_s")) if split else None,
-                               warming=lambda: lazy.metrics.counter("triton.warming_runs"))
+                               warming=lambda: lazy.metrics.counter("warming_runs"))
         lazy.wait_device_ops()
     counters = lazy.metrics.counters()
     result["compiles"] = int(counters.get("compiles", 0))

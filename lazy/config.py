@@ -55,6 +55,10 @@ KNOBS = (
     Knob("compile_after", 2, "LAZY_COMPILE_AFTER",
          "With compiler 'auto': the execution of a graph that compiles it; the ones before run on the reference "
          "executor (1: compile at the first execution; 2, the default: at the second).", int),
+    Knob("compile_background", True, "LAZY_COMPILE_BACKGROUND",
+         "With compiler 'auto' on the cpu: a graph's C++ library builds in the background while the graph runs on "
+         "the reference executor (Note [C++ compiles in the background]); 0: the run that compiles waits for g++.",
+         _bool),
     Knob("cuda_graphs", True, "LAZY_CUDA_GRAPHS",
          "Triton backend on cuda: a cached graph's program replays as one CUDA graph from its second compiled run, "
          "its inputs copied into the graph's memory and its outputs out of it (Note [CUDA graphs for cached "

@@ -468,12 +468,13 @@ def test_programs_of_many_segments_compile_as_units_at_once(monkeypatch):
     linked; its kernels call sin/cos from several units (their vector variants are defined once), the program's
     source stays one unit, and the results are eager's, equal to those of the same program built as one unit."""
     from lazy.runtime import cpp as runtime
+    from lazy.runtime import cpp_build
     built = []
-    real_build = runtime._build
 
-    def build(units, tmp):
-        built.append(len(units))
-        return real_build(units, tmp)
+    class Build(cpp_build.Build):
+        def __init__(self, units, *args, **kwargs):
+            built.append(len(units))
+            super().__init__(units, *args, **kwargs)
 
     def fn(x, w):
         a = (x * 1.5).sin()
@@ -482,7 +483,7 @@ def test_programs_of_many_segments_compile_as_units_at_once(monkeypatch):
         return [c, (c @ w * 0.5).sin() + a.sum()]
 
     x, w = torch.randn(8, 8), torch.randn(8, 8)
-    monkeypatch.setattr(runtime, "_build", build)
+    monkeypatch.setattr(runtime, "Build", Build)
     monkeypatch.setattr(runtime, "_units", lambda: 4)
     monkeypatch.setattr(cpp, "UNIT_MIN_CHARS", 1)
     split = [t.cpu() for t in fn(x.to("lazy"), w.to("lazy"))]

@@ -222,7 +222,7 @@ while True:
         break
     time.sleep(0.05)
 print("RESULT", len(backends), backends[-1], metrics.counter("triton.compiles"), metrics.counter("disk_cache.hit"),
-      metrics.counter("triton.warming_runs"))
+      metrics.counter("warming_runs"))
 """
 
 

@@ -49,8 +49,10 @@ def compiler_for(backend: str) -> Callable[[Linearized, torch.device], Any]:
 # ``config.compile_after``-th execution, which compiles it with the chosen compiler (C++ for a cpu backing device)
 # and runs compiled from then on, as TorchScript's profiling executor behind torch._lazy does. One-off graphs
 # (a print, an .item(), the first step of a training loop, whose optimizer creates its state) never pay a
-# compile; a training step's graph is compiled at its second step. The switch depends on the execution count
-# only (not on timing or on what the disk cache holds), so a run is reproducible, in a fresh process too.
+# compile; a training step's graph is compiled at its second step. The tier-up depends on the execution count
+# only (not on what the disk cache holds); when the compiled kernels then take over depends on the compile time
+# under ``compile_background`` (Note [C++ compiles in the background] in runtime/cpp_build.py) and on cuda (Note
+# [Triton compiles]), and on the count only without it, where a run is reproducible, in a fresh process too.
 
 
 class _Warming:

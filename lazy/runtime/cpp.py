@@ -10,10 +10,6 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-import shlex
-import shutil
-import subprocess
-import tempfile
 import time
 import warnings
 from typing import Any, Dict, List, Sequence, Tuple
@@ -31,6 +27,7 @@ from ..ir.node import DATA
 from ..lower import Extern, lower
 from ..schedule import Kernel, format_schedule, schedule
 from . import cpp_native, pages
+from .cpp_build import Build, BuildingProgram, CompileError, compiler_command
 from .arena import layout, stored_by_kernels
 from .arena import view as arena_view
 from .spares import BUDGET
@@ -69,48 +66,9 @@ ARENA_KEEP_BYTES = 1 << 20  # a Program keeps an arena up to this size between r
 # runtime/spares.py). A re-entered run (another thread) or a large arena gets a fresh arena per run.
 
 
-class CompileError(RuntimeError):
-    pass
-
-
 def flags() -> List[str]:
     """The compiler flags of a kernel build under the current configuration: FLAGS and those of ``cpu_isa``."""
     return list(FLAGS) + list(target().flags)
-
-
-def _build(units: List[str], tmp: str) -> str:
-    """Compile the translation units ``units`` of one program into a shared library in the directory ``tmp``, at
-    once (Note [Programs compiled in parallel] in codegen/cpp.py); returns its path."""
-    so = os.path.join(tmp, "graph.so")
-    cxx = shlex.split(config.cxx) + flags()
-    sources = []
-    for i, text in enumerate(units):
-        sources.append(os.path.join(tmp, f"graph{i or ''}.cpp"))
-        with open(sources[-1], "w") as f:
-            f.write(text)
-    if len(units) == 1:
-        commands = [cxx + ["-o", so, sources[0]]]
-    else:
-        objects = [src[:-4] + ".o" for src in sources]
-        commands = [cxx + ["-c", "-o", obj, src] for src, obj in zip(sources, objects)]
-    start = time.perf_counter()
-    try:
-        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for cmd in commands]
-    except OSError as e:
-        raise CompileError(f"cannot run the C++ compiler {config.cxx!r} ({e}); set LAZY_CXX") from e
-    results = []
-    for proc in procs:
-        _, err = proc.communicate()
-        results.append((proc.returncode, err))
-    if len(units) > 1 and all(code == 0 for code, _ in results):
-        link = subprocess.run(cxx + ["-o", so] + objects, capture_output=True, text=True)
-        results.append((link.returncode, link.stderr))
-    metrics.bump("cpp.compiles")
-    metrics.bump("cpp.compile_time_s", time.perf_counter() - start)
-    for code, err in results:
-        if code != 0:
-            raise CompileError(f"{config.cxx} failed ({code}): {err.strip()[:2000]}")
-    return so
 
 
 def _units() -> int:
@@ -126,7 +84,9 @@ class Program:
 
     backend = "cpp"
 
-    def __init__(self, lin: Linearized, device: torch.device) -> None:
+    def __init__(self, lin: Linearized, device: torch.device, background: bool = False) -> None:
+        """``background``: a library not in the disk cache builds in the background (Note [C++ compiles in the
+        background] in cpp_build.py): ``built()`` says when the program can run."""
         if device.type != "cpu":
             raise CompileError(f"the cpp backend runs on the cpu, not on {device}")
         self.device = device
@@ -137,24 +97,44 @@ class Program:
         self.source = source
         describe(self, lin, lowered, sched)
         key = disk.graph_digest(lin, "cpp", config.cxx, " ".join(flags()), target().key())
-        self.lib = self._load(key, source, units) if segments else None
+        self.lib: Any = None
+        self._building: Any = None
+        path = disk.lookup(key, source) if segments else None
+        if path is not None:
+            self.lib = ctypes.CDLL(path)
+        elif segments:
+            build = Build(units, compiler_command(flags()), key, source, background)
+            if background:
+                self._building = (build, lowered, sched, segments)
+                return
+            try:
+                self.lib = ctypes.CDLL(build.wait())
+            finally:
+                build.close()
+        self._ready(lowered, sched, segments)
+
+    def _ready(self, lowered: Any, sched: Any, segments: List[List[Kernel]]) -> None:
         self._plan(lowered, sched, segments)
         metrics.bump("kernels_compiled", self.num_kernels)
         for name, n in self.externs_by_op.items():
             metrics.bump(f"extern.{name}", n)
 
-    def _load(self, key: str, source: str, units: List[str]) -> Any:
-        path = disk.lookup(key, source)
-        if path is not None:
-            return ctypes.CDLL(path)
-        # built in a private temp dir, removed once the library is in the disk cache or loaded (a loaded library
-        # stays mapped when its file is gone): one dir per compile filled /tmp over a long session
-        tmp = tempfile.mkdtemp(prefix="lazy-cpp-")
+    def built(self) -> bool:
+        """Whether the program can run: a background build is done and its library loaded (loaded here, at the
+        first call that finds it built). Raises CompileError where the build failed."""
+        if self._building is None:
+            return True
+        build, lowered, sched, segments = self._building
+        path = build.poll()
+        if path is None:
+            return False
+        self._building = None
         try:
-            built = _build(units, tmp)
-            return ctypes.CDLL(disk.store(key, source, built) or built)
+            self.lib = ctypes.CDLL(path)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            build.close()
+        self._ready(lowered, sched, segments)
+        return True
 
     def _plan(self, lowered: Any, sched: Any, segments: List[List[Kernel]]) -> None:
         """Flat run-time plan (Note [Run plan]): steps as tuples, kernel-only temporaries at fixed arena offsets."""
@@ -467,9 +447,11 @@ def describe(program: Any, lin: Linearized, lowered: Any, sched: Any) -> None:
 
 
 def compile_cpp(lin: Linearized, device: torch.device) -> Any:
-    """The cpp backend's compiler for graph_cache; falls back to the reference executor on any failure."""
+    """The cpp backend's compiler for graph_cache; falls back to the reference executor on any failure. Under
+    ``compiler='auto'`` the library builds in the background (Note [C++ compiles in the background])."""
     try:
-        return Program(lin, device)
+        program = Program(lin, device, background=config.compiler == "auto" and config.compile_background)
+        return program if program.built() else BuildingProgram(program, ReferenceProgram(lin, device))
     except Exception as e:  # noqa: BLE001 -- any failure falls back, loudly and counted
         cause = f"{type(e).__name__}: {e}"
         metrics.bump("compile_fallback")

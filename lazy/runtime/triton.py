@@ -357,7 +357,7 @@ class Program:
 
     def run(self, leaves: Sequence[torch.Tensor], scalars: Sequence[Any]) -> List[torch.Tensor]:
         if not self.ready():
-            metrics.bump("triton.warming_runs")  # Note [Triton compiles]: the kernels are still compiling
+            metrics.bump("warming_runs")  # Note [Triton compiles]: the kernels are still compiling
             return self._fallback.run(leaves, scalars)
         self.load_scalars(scalars)
         return self.launch(leaves, scalars)

@@ -1,0 +1,106 @@
+"""Background C++ builds (lazy/runtime/cpp_build.py, Note [C++ compiles in the background]): under 'auto' a graph
+runs on the reference executor while its library builds, then compiled; values are eager's throughout."""
+import warnings
+
+import pytest
+import torch
+
+import lazy
+from lazy.cache import graph_cache
+from lazy.debug import metrics
+from lazy.runtime import cpp_build
+
+
+@pytest.fixture
+def background(tmp_path, cpu_backing):
+    with lazy.config.override(compiler="auto", compile_after=2, compile_background=True, cache_dir=str(tmp_path)):
+        graph_cache.clear()
+        yield
+    cpp_build.wait_all()
+
+
+def _graph(x, k):
+    y = ((x * k).sin() + x.square()).sum(0)
+    lazy.mark_step()
+    return y.cpu()
+
+
+def test_a_graph_runs_on_the_reference_executor_until_its_library_is_built(background):
+    x = torch.randn(64, 5)
+    xl = x.to("lazy")
+    want = ((x * 1.5).sin() + x.square()).sum(0)
+    torch.testing.assert_close(_graph(xl, 1.5), want)  # run 1: reference, as always under 'auto'
+    torch.testing.assert_close(_graph(xl, 1.5), want)  # run 2 tiers up: the build starts, the run does not wait
+    program = graph_cache.latest()
+    assert isinstance(program, cpp_build.BuildingProgram) and metrics.counter("warming_runs") == 1
+    assert metrics.counter("kernels_launched") == 0
+    assert cpp_build.wait_all()[0] == 1
+    launched = metrics.counter("kernels_launched")
+    torch.testing.assert_close(_graph(xl, 1.5), want)  # loads the library and runs it
+    assert metrics.counter("kernels_launched") > launched and metrics.counter("warming_runs") == 1
+    assert program.ready() and metrics.counter("cpp.compiles") == 1
+    torch.testing.assert_close(_graph(xl, 0.5), ((x * 0.5).sin() + x.square()).sum(0))  # scalars stay inputs
+
+
+def test_builds_run_one_at_a_time_and_each_program_switches_when_its_own_is_built(background):
+    xs = [torch.randn(8 + i, 3) for i in range(3)]
+    for _ in range(2):  # three graphs (three shapes) tier up: one build runs, two wait
+        for x in xs:
+            _graph(x.to("lazy"), 2.0)
+    assert len(cpp_build._QUEUE) >= 2 and sum(b.started for b in cpp_build._QUEUE) == 1
+    cpp_build.wait_all()
+    assert not cpp_build._QUEUE
+    for x in xs:
+        torch.testing.assert_close(_graph(x.to("lazy"), 2.0), ((x * 2.0).sin() + x.square()).sum(0))
+    assert metrics.counter("cpp.compiles") == 3
+
+
+def test_a_failed_build_warns_once_and_stays_on_the_reference_executor(background, tmp_path):
+    x = torch.randn(16, 4)
+    xl = x.to("lazy")
+    want = ((x * 3.0).sin() + x.square()).sum(0)
+    cxx = tmp_path / "cxx"  # g++ for the probe of the instruction set, a failure for a graph's source
+    cxx.write_text('#!/bin/sh\ncase "$*" in *graph*.cpp*) echo "error: boom" >&2; exit 1;; esac\nexec g++ "$@"\n')
+    cxx.chmod(0o755)
+    with lazy.config.override(cxx=str(cxx)):
+        _graph(xl, 3.0)
+        _graph(xl, 3.0)
+        cpp_build.wait_all()
+        with pytest.warns(RuntimeWarning, match="could not compile"):
+            torch.testing.assert_close(_graph(xl, 3.0), want)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            torch.testing.assert_close(_graph(xl, 3.0), want)
+    assert metrics.counter("compile_fallback") == 1 and metrics.counter("kernels_launched") == 0
+    assert metrics.counter("warming_runs") == 1  # the tier-up's run; not the failed program's
+
+
+def test_a_captured_step_replays_on_the_reference_executor_then_compiled(background):
+    torch.manual_seed(0)
+    w0 = torch.randn(6, 3)
+    w = w0.clone().to("lazy").requires_grad_()
+    opt = torch.optim.SGD([w], lr=0.1, momentum=0.9)
+
+    @lazy.compile
+    def step(x):
+        loss = (x @ w).tanh().square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+
+    ref = w0.clone().requires_grad_()
+    ref_opt = torch.optim.SGD([ref], lr=0.1, momentum=0.9)
+    xs = [torch.randn(4, 6) for _ in range(8)]
+    for i, x in enumerate(xs):
+        if i == 4:
+            cpp_build.wait_all()
+        got = step(x.to("lazy"))
+        loss = (x @ ref).tanh().square().mean()
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        torch.testing.assert_close(got.cpu(), loss.detach())
+    torch.testing.assert_close(w.detach().cpu(), ref.detach())
+    assert metrics.counter("warming_runs") >= 1 and metrics.counter("capture.replays") >= 6
+    assert metrics.counter("kernels_launched") > 0
