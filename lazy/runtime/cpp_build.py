@@ -220,6 +220,8 @@ class BuildingProgram:
             if not self._built and not self._failed:
                 try:
                     self._built = self._program.built()
+                    if self._built:
+                        self._fallback = None  # its plan and buffers are not needed any more
                 except CompileError as e:
                     self._failed = True
                     metrics.bump("compile_fallback")
@@ -230,11 +232,12 @@ class BuildingProgram:
         return self._built
 
     def run(self, leaves: Sequence[Any], scalars: Sequence[Any]) -> List[Any]:
-        if self._built or self.ready():
+        fallback = self._fallback  # read first: another thread drops it once the library is loaded
+        if self._built or self.ready() or fallback is None:
             return self._program.run(leaves, scalars)
         if not self._failed:
             metrics.bump("warming_runs")
-        return self._fallback.run(leaves, scalars)
+        return fallback.run(leaves, scalars)
 
     def launchable(self) -> bool:
         return (self._built or self.ready()) and self._program.launchable()
