@@ -239,6 +239,8 @@ class _Worker:
             self.proc.kill()
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
+        with contextlib.suppress(OSError):
+            self.proc.stdout.close()
         self.err.close()
 
 
