@@ -1,5 +1,6 @@
 // The one translation unit that sees torch's C++ headers: c10's TensorImpl (and ATen's Tensor and torch-function
-// state, only to read whether a gradient exists and whether a mode is active). A lazy view's wrapper tensor is
+// state, only to read whether a gradient exists and whether a mode is active; autograd's Error node, to give a
+// replay's output the history eager's has, error_history). A lazy view's wrapper tensor is
 // created with a StorageImpl of its own (torch.Tensor._make_wrapper_subclass has no storage argument), so ATen's
 // aliasing tests (is_alias_of, untyped_storage() identity) would call a view and its base unrelated. matmul
 // with out= on a 3-D input relies on one: it reshapes out, writes the product into that view and copies back only
@@ -13,8 +14,13 @@
 #include <c10/core/InferenceMode.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <exception>
+#include <memory>
+#include <string>
+#include <type_traits>
 
 namespace lazy {
 
@@ -89,6 +95,47 @@ int tensor_grad_defined(PyObject* tensor) {
 }
 
 bool torch_function_mode_active() { return at::impl::torch_function_mode_enabled(); }
+
+namespace {
+
+// torch 2.11 holds autograd nodes in std::shared_ptr, later torches in c10::intrusive_ptr: Edge's own field says.
+template <typename Ptr>
+Ptr error_node(std::string message) {
+  if constexpr (std::is_same_v<Ptr, std::shared_ptr<torch::autograd::Node>>) {
+    return std::make_shared<torch::autograd::Error>(std::move(message), torch::autograd::edge_list());
+  } else {
+    return c10::make_intrusive<torch::autograd::Error>(std::move(message), torch::autograd::edge_list());
+  }
+}
+
+}  // namespace
+
+PyObject* error_history(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyUnicode_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "error_history(tensor, message)");
+    return nullptr;
+  }
+  const char* message = PyUnicode_AsUTF8(args[1]);
+  if (message == nullptr) return nullptr;
+  c10::TensorImpl* impl = impl_of(args[0]);
+  if (impl == nullptr) return nullptr;
+  try {
+    at::Tensor var(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl));
+    if (var.requires_grad()) {
+      PyErr_SetString(PyExc_ValueError, "error_history: the tensor has an autograd history or requires grad");
+      return nullptr;
+    }
+    using NodePtr = decltype(torch::autograd::Edge().function);
+    NodePtr node = error_node<NodePtr>(message);
+    const uint32_t input_nr = node->add_input_metadata(var);
+    torch::autograd::impl::set_gradient_edge(var, torch::autograd::Edge(std::move(node), input_nr));
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  Py_INCREF(args[0]);
+  return args[0];
+}
 
 namespace {
 

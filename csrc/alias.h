@@ -33,6 +33,10 @@ int tensor_requires_grad(PyObject* tensor);
 // or -1 with a Python error set. Python's ``tensor.grad`` may answer otherwise where a subclass or __torch_function__
 // intercepts it: callers check that nothing does (Note [Gradients in guard programs] in guard_reads.cpp).
 int tensor_grad_defined(PyObject* tensor);
+// error_history(tensor, message) -> tensor: give a tensor without autograd history (a replay's new output) one whose
+// backward raises RuntimeError(message), as eager's output whose graph a backward already freed does (autograd's
+// Error node; Plan.backward_consumed in lazy/capture/finalize.py).
+PyObject* error_history(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 // Whether a TorchFunctionMode is active on this thread (torch's test before ``tensor.grad`` calls the mode).
 bool torch_function_mode_active();
 // torch.is_grad_enabled() and torch.is_inference_mode_enabled(), read from c10's thread-local state as torch does.

@@ -91,6 +91,8 @@ PyMethodDef methods[] = {
      "new_tensors(descs, outs, indices, numels[, owners[, templates]]): new lazy tensors over data leaves of "
      "outs[indices[j]], or "
      "owners[j]'s gradient given that value where nothing else sees it (csrc/replay_io.cpp)."},
+    {"error_history", FASTCALL(lazy::error_history), METH_FASTCALL,
+     "error_history(tensor, message) -> tensor: a history whose backward raises message (csrc/alias.cpp)."},
     {"store_grad", FASTCALL(lazy::store_grad), METH_FASTCALL,
      "store_grad(owner, value): object.__setattr__(owner, 'grad', value) unless it holds value (csrc/replay_io.cpp)."},
     {"store_grads", FASTCALL(lazy::store_grads), METH_FASTCALL,

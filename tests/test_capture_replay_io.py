@@ -149,3 +149,33 @@ def test_store_grads_stores_in_order_as_setattr_does():
     assert ps[0].grad is None and ps[1].grad is None
     with pytest.raises(TypeError):
         _C.store_grads(tuple(ps), (None,))
+
+
+def test_a_returned_loss_whose_graph_backward_used_raises_at_a_second_backward_as_eager():
+    """A step that returns its loss after ``loss.backward()``: eager's loss has a history whose buffers are freed, so
+    a second backward raises. A replay's loss must too (Plan.backward_consumed), and keep eager's value."""
+    torch.manual_seed(0)
+    w0 = torch.randn(5, 2)
+
+    def make(device):
+        w = w0.clone().to(device).requires_grad_()
+        opt = torch.optim.SGD([w], lr=0.1)
+
+        def step(x):
+            loss = (x.to(device) @ w).sin().sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+
+    eager, compiled = make("cpu"), lazy.compile(make(L))
+    for i in range(4):
+        x = torch.randn(3, 5)
+        want, got = eager(x), compiled(x)
+        assert got.requires_grad and got.grad_fn is not None and want.grad_fn is not None
+        torch.testing.assert_close(got.detach().cpu(), want.detach())
+        for loss in (want, got):
+            with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+                loss.backward()
+    assert lazy.metrics.counter("capture.replays") >= 2
