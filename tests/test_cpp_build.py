@@ -1,5 +1,6 @@
 """Background C++ builds (lazy/runtime/cpp_build.py, Note [C++ compiles in the background]): under 'auto' a graph
 runs on the reference executor while its library builds, then compiled; values are eager's throughout."""
+import copy
 import warnings
 
 import pytest
@@ -102,3 +103,31 @@ def test_a_captured_step_replays_on_the_reference_executor_then_compiled(backgro
     torch.testing.assert_close(w.detach().cpu(), ref.detach())
     assert metrics.counter("warming_runs") >= 1 and metrics.counter("capture.replays") >= 6
     assert metrics.counter("kernels_launched") > 0
+
+
+def test_a_training_loop_with_launched_runs_gives_eager_values_through_the_switch(background):
+    """Asynchronous execution (each mark_step's program launched on the worker, which checks the build there): an MLP
+    trained for 40 steps while its step graph builds, switches and runs compiled equals eager step for step."""
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
+    model = copy.deepcopy(ref).to("lazy")
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (ref, model)]
+    batches = [(torch.randn(64, 8), torch.randint(0, 3, (64,))) for _ in range(4)]
+    with lazy.config.override(async_execution=True, async_min_run_us=0):
+        for step in range(40):
+            x, y = batches[step % 4]
+            losses = []
+            for m, opt, dev in ((ref, opts[0], "cpu"), (model, opts[1], "lazy")):
+                loss = torch.nn.functional.cross_entropy(m(x.to(dev)), y.to(dev))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.detach())
+            lazy.mark_step()
+            if step == 20:
+                cpp_build.wait_all()
+            if step % 5 == 4:
+                torch.testing.assert_close(losses[1].cpu(), losses[0])
+    for a, b in zip(ref.parameters(), model.parameters()):
+        torch.testing.assert_close(b.detach().cpu(), a.detach())
+    assert metrics.counter("warming_runs") >= 1 and metrics.counter("kernels_launched") > 0
