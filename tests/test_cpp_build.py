@@ -131,3 +131,35 @@ def test_a_training_loop_with_launched_runs_gives_eager_values_through_the_switc
     for a, b in zip(ref.parameters(), model.parameters()):
         torch.testing.assert_close(b.detach().cpu(), a.detach())
     assert metrics.counter("warming_runs") >= 1 and metrics.counter("kernels_launched") > 0
+
+
+def test_a_child_forked_during_a_build_leaves_the_parents_build_alone(background):
+    """Note [Builds across a fork]: a forked child that polls, ends every build it knows and exits normally neither
+    kills the parent's compiler nor removes its directory; the child runs the graph on the reference executor."""
+    import os
+    x = torch.randn(32, 6)
+    xl = x.to("lazy")
+    want = ((x * 1.25).sin() + x.square()).sum(0)
+    _graph(xl, 1.25)
+    _graph(xl, 1.25)  # the tier-up: the build runs
+    program = graph_cache.latest()
+    assert isinstance(program, cpp_build.BuildingProgram) and cpp_build._QUEUE
+    tmp = cpp_build._QUEUE[0].tmp
+    pid = os.fork()
+    if pid == 0:  # the child: its checks must not touch the parent's build
+        code = 1
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ok = torch.allclose(_graph(xl, 1.25), want) and not program.ready()
+            cpp_build.wait_all()
+            cpp_build._end_all()
+            code = 0 if ok else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert os.path.isdir(tmp)
+    cpp_build.wait_all()
+    torch.testing.assert_close(_graph(xl, 1.25), want)
+    assert program.ready() and metrics.counter("compile_fallback") == 0

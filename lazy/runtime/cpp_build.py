@@ -59,7 +59,8 @@ class Build:
         # one dir per compile, removed once the library is in the disk cache or loaded (a loaded library stays
         # mapped when its file is gone): one dir per compile filled /tmp over a long session
         self.tmp = tempfile.mkdtemp(prefix="lazy-cpp-")
-        self._remove = weakref.finalize(self, shutil.rmtree, self.tmp, True)  # a build no program polls any more
+        self.pid = os.getpid()  # Note [Builds across a fork]
+        self._remove = weakref.finalize(self, _remove_dir, self.tmp, self.pid)  # a build no program polls any more
         self.so = os.path.join(self.tmp, "graph.so")
         sources = []
         for i, text in enumerate(units):
@@ -112,6 +113,9 @@ class Build:
         """The library's path once every unit has compiled (linking them first), else None; raises CompileError
         where a compiler process failed."""
         if self.path is None:
+            if self.pid != os.getpid():
+                raise CompileError("the build started in the parent process before it forked (Note [Builds across "
+                                   "a fork]): this process runs the graph on the reference executor")
             _pump()
             if not self.compiled():
                 return None
@@ -146,7 +150,7 @@ class Build:
 
     def close(self) -> None:
         """End the processes (where still running) and remove the directory; a library loaded from it stays."""
-        for p in self.procs:
+        for p in self.procs if self.pid == os.getpid() else ():
             if p.poll() is None:
                 p.kill()
                 p.wait()
@@ -155,6 +159,28 @@ class Build:
                 _QUEUE.remove(self)
         self._remove()
         _LIVE.discard(self)
+
+
+def _remove_dir(path: str, pid: int) -> None:
+    if os.getpid() == pid:  # never a parent's directory from a forked child
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# Note [Builds across a fork]
+# A child forked while builds run (os.fork, a fork-started worker) inherits the parent's Build objects, queue and
+# lock, but the compiler processes are the parent's: the child must neither wait for them (waitpid on another's
+# child reports an exit, and a half-written library would be loaded), nor kill them, nor remove their directory at
+# its exit. So the child forgets the queue (its lock is new: a thread may have held it at the fork), a build polled
+# in the child raises CompileError (the graph stays on the reference executor there), and kills and removals are
+# done only by the process that started the build.
+def _forget_parent_builds() -> None:
+    global _QUEUE_LOCK
+    _QUEUE_LOCK = threading.RLock()
+    _QUEUE.clear()
+    _LIVE.clear()
+
+
+os.register_at_fork(after_in_child=_forget_parent_builds)
 
 
 def _running() -> Optional[Build]:
