@@ -11,7 +11,6 @@ import ctypes
 import math
 import os
 import time
-import warnings
 from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
@@ -27,7 +26,7 @@ from ..ir.node import DATA
 from ..lower import Extern, lower
 from ..schedule import Kernel, format_schedule, schedule
 from . import cpp_native, pages
-from .cpp_build import Build, BuildingProgram, CompileError, compiler_command
+from .cpp_build import Build, BuildingProgram, CompileError, fell_back
 from .arena import layout, stored_by_kernels
 from .arena import view as arena_view
 from .spares import BUDGET
@@ -103,7 +102,7 @@ class Program:
         if path is not None:
             self.lib = ctypes.CDLL(path)
         elif segments:
-            build = Build(units, compiler_command(flags()), key, source, background)
+            build = Build(units, flags(), key, source, background)
             if background:
                 self._building = (build, lowered, sched, segments)
                 return
@@ -453,10 +452,5 @@ def compile_cpp(lin: Linearized, device: torch.device) -> Any:
         program = Program(lin, device, background=config.compiler == "auto" and config.compile_background)
         return program if program.built() else BuildingProgram(program, ReferenceProgram(lin, device))
     except Exception as e:  # noqa: BLE001 -- any failure falls back, loudly and counted
-        cause = f"{type(e).__name__}: {e}"
-        metrics.bump("compile_fallback")
-        log(1, f"cpp compile failed, reference fallback: {cause}")
-        warnings.warn(f"lazy: the cpp backend could not compile a graph of {len(lin.order)} nodes ({cause[:500]}); "
-                      "it runs on the reference executor (correct, slower). Set LAZY_COMPILER=reference to silence.",
-                      RuntimeWarning, stacklevel=2)
+        fell_back(f"{type(e).__name__}: {e}", len(lin.order), stacklevel=2)
         return ReferenceProgram(lin, device)

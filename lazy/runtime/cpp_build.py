@@ -54,8 +54,9 @@ class Build:
     the disk cache under ``key`` where that works. A build starts at once, or (``background``) when no other
     background build runs (the module's Note)."""
 
-    def __init__(self, units: List[str], cxx: List[str], key: str, source: str, background: bool = False) -> None:
-        self.key, self.source, self.cxx, self.background = key, source, cxx, background
+    def __init__(self, units: List[str], flags: List[str], key: str, source: str, background: bool = False) -> None:
+        cxx = self.cxx = shlex.split(config.cxx) + flags
+        self.key, self.source = key, source
         # one dir per compile, removed once the library is in the disk cache or loaded (a loaded library stays
         # mapped when its file is gone): one dir per compile filled /tmp over a long session
         self.tmp = tempfile.mkdtemp(prefix="lazy-cpp-")
@@ -197,10 +198,6 @@ def _pump() -> None:
             _QUEUE[0]._start()
 
 
-def compiler_command(flags: List[str]) -> List[str]:
-    return shlex.split(config.cxx) + flags
-
-
 def wait_all() -> Tuple[int, float]:
     """Wait until every queued background build has compiled; (how many, seconds waited). Their programs load
     them at their next run."""
@@ -212,6 +209,16 @@ def wait_all() -> Tuple[int, float]:
             p.wait()
         _pump()
     return n, time.perf_counter() - start
+
+
+def fell_back(cause: str, nodes: int, stacklevel: int) -> None:
+    """A graph the cpp backend could not compile runs on the reference executor: said once, logged and counted
+    (``compile_fallback``), whether the compile failed at once or in the background."""
+    metrics.bump("compile_fallback")
+    log(1, f"cpp compile failed, reference fallback: {cause}")
+    warnings.warn(f"lazy: the cpp backend could not compile a graph of {nodes} nodes ({cause[:500]}); it runs on the "
+                  "reference executor (correct, slower). Set LAZY_COMPILER=reference to silence.", RuntimeWarning,
+                  stacklevel=stacklevel + 1)
 
 
 @atexit.register
@@ -250,11 +257,7 @@ class BuildingProgram:
                         self._fallback = None  # its plan and buffers are not needed any more
                 except CompileError as e:
                     self._failed = True
-                    metrics.bump("compile_fallback")
-                    log(1, f"cpp build failed, reference fallback: {e}")
-                    warnings.warn(f"lazy: the cpp backend could not compile a graph ({str(e)[:500]}); it runs on "
-                                  "the reference executor (correct, slower). Set LAZY_COMPILER=reference to "
-                                  "silence.", RuntimeWarning, stacklevel=3)
+                    fell_back(f"{type(e).__name__}: {e}", self._program.num_nodes, stacklevel=3)
         return self._built
 
     def run(self, leaves: Sequence[Any], scalars: Sequence[Any]) -> List[Any]:
