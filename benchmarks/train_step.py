@@ -9,11 +9,11 @@
 Models, batches and losses are those of tests/models.py (MLP, CNN with BatchNorm/GroupNorm, Transformer encoder
 layer, tiny GPT); the batch is moved to the device inside the step. Every backend runs the same steps from the same
 initial weights, so the final losses agree up to rounding (a sanity check printed under the table). Time per step
-is the median over --steps steps after --warmup steps, wall clock, each step ending in a sync (on cuda under the
-tiered compiler, the warmup steps count from the last step that ran while its Triton kernels compiled, so the
-timed steps run them; the loss reported is still step warmup + steps's). With --device cuda,
-where eager and lazy steps both return before the GPU is done, it is the wall time of all timed steps, the GPU
-synchronized at the end, divided by their number:
+is the median over --steps steps after --warmup steps, wall clock, each step ending in a sync (under the tiered
+compiler, the warmup steps count from the last step that ran while its kernels compiled, Triton's on cuda or g++'s
+in the background on the cpu, so the timed steps run them; the loss reported is still step warmup + steps's).
+With --device cuda, where eager and lazy steps both return before the GPU is done, it is the wall time of all timed
+steps, the GPU synchronized at the end, divided by their number:
 
 - eager:         plain PyTorch on the CPU.
 - lazy:          this project; lazy.mark_step() per step, asynchronous execution on (the default, LAZY_ASYNC=1:
@@ -91,7 +91,7 @@ def loss_of(kind: str, out, y):
 
 BACKENDS = ("eager", "lazy", "lazy-sync", "capture", "capture-ro", "compile", "ltc")
 RESULT_PREFIX = "RESULT "
-WARM_LIMIT_S = 120.0  # how long warmup waits for tiered Triton kernels (time_training)
+WARM_LIMIT_S = 120.0  # how long warmup waits for kernels compiling under the tiered compiler (time_training)
 
 
 def describe(e: Exception) -> str:
