@@ -32,10 +32,10 @@ ext = Pybind11Extension(
     sources=["csrc/module.cpp", "csrc/ir.cpp", "csrc/record.cpp", "csrc/record_methods.cpp", "csrc/graph.cpp",
              "csrc/alias.cpp", "csrc/capture_hook.cpp", "csrc/capture_guards.cpp", "csrc/guard_reads.cpp",
              "csrc/replay_io.cpp", "csrc/leaf_templates.cpp", "csrc/outputs.cpp", "csrc/runner.cpp",
-             "csrc/native_launch.cpp", "csrc/cuda_launch.cpp"],
+             "csrc/native_launch.cpp", "csrc/cuda_launch.cpp", "csrc/upload.cpp"],
     depends=["csrc/ir.h", "csrc/record.h", "csrc/record_state.h", "csrc/graph.h", "csrc/alias.h", "csrc/capture_hook.h",
              "csrc/capture_guards.h", "csrc/guard_reads.h", "csrc/replay_io.h", "csrc/leaf_templates.h",
-             "csrc/outputs.h", "csrc/runner.h", "csrc/native_launch.h", "csrc/cuda_launch.h"],
+             "csrc/outputs.h", "csrc/runner.h", "csrc/native_launch.h", "csrc/cuda_launch.h", "csrc/upload.h"],
     cxx_std=20,  # torch 2.13's headers need C++20 (bit-field initializers)
     extra_compile_args=["-O2"],
     **_torch_flags(),

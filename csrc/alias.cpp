@@ -7,6 +7,7 @@
 // if the view is not an alias of out. Lazy's own Storage (ir.cpp) is what carries values; this only keeps the C++
 // storage identity in step with it.
 #include "alias.h"
+#include "guard_reads.h"
 
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/core/Tensor.h>
@@ -85,6 +86,10 @@ bool inference_mode_enabled() { return c10::InferenceMode::is_enabled(); }
 int tensor_requires_grad(PyObject* tensor) {
   c10::TensorImpl* impl = impl_of(tensor);
   if (impl == nullptr) return -1;
+  if (g_touched != nullptr) {  // Note [Prefetching what the last run read]: the C++ objects the answer reads
+    g_touched->push_back(impl);
+    if (const void* meta = impl->autograd_meta()) g_touched->push_back(meta);
+  }
   return impl->requires_grad() ? 1 : 0;
 }
 

@@ -15,6 +15,7 @@
 #include "replay_io.h"
 #include "native_launch.h"
 #include "runner.h"
+#include "upload.h"
 
 namespace py = pybind11;
 
@@ -130,6 +131,10 @@ PyMethodDef methods[] = {
     {"run_cuda_program", FASTCALL(lazy::run_cuda_program), METH_FASTCALL,
      "run_cuda_program(runner, scalars, values, stream, wanted) -> [(id, tensor)] or None (a value not 16-byte "
      "aligned: nothing ran): a Triton program's kernels and extern calls without the GIL (csrc/cuda_launch.cpp)."},
+    {"upload", FASTCALL(lazy::upload), METH_FASTCALL,
+     "upload(tensor, dtype_code, device_index) -> a cuda copy staged in pinned memory, or None (csrc/upload.cpp)."},
+    {"upload_scalars", FASTCALL(lazy::upload_scalars), METH_FASTCALL,
+     "upload_scalars(device_buffer, scalars, slots, num_floats): a program's scalars to device memory (upload.cpp)."},
     {"call_segment", FASTCALL(lazy::call_segment), METH_FASTCALL,
      "call_segment(function, pointers, doubles, int64s) -> int: a program segment called on addresses "
      "(csrc/graph.cpp)."},

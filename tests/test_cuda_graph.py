@@ -79,6 +79,22 @@ def test_program_reads_its_scalars_from_memory():
     assert "tl.load(SF + " in getattr(programs[-1], "program", programs[-1]).source
 
 
+def test_scalars_upload_packed_as_the_kernels_read_them():
+    """Note [Uploads in C]: float slots as doubles, int slots as int64 (an integral float through int(), as
+    Python's int() takes it), pads as 0, in one stream-ordered copy to the device buffer."""
+    scalars = (0.25, 7, True, 3.0, -2, 1e300)
+    slots = (0, 1, 5, -1, 1, 3, 4, 2, -1)  # four doubles (one a pad), then five int64s (one a pad)
+    buf = torch.full((len(slots),), -9, dtype=torch.int64, device=DEVICE)
+    lazy._C.upload_scalars(buf, scalars, slots, 4)
+    got = buf.cpu()
+    assert got[:4].view(torch.float64).tolist() == [0.25, 7.0, 1e300, 0.0]
+    assert got[4:].tolist() == [7, 3, -2, 1, 0]
+    with pytest.raises(IndexError):
+        lazy._C.upload_scalars(buf, scalars[:2], slots, 4)
+    with pytest.raises(ValueError):
+        lazy._C.upload_scalars(buf[:3], scalars, slots, 4)
+
+
 def _programs(fn):
     from lazy.capture.function import state_of
     return [e.program for e in state_of(fn).entries if e.program is not None]

@@ -248,3 +248,24 @@ def test_uploads_do_not_wait_for_the_device():
         got = y.cpu()
         assert got.is_contiguous(memory_format=torch.channels_last) == channels_last
         assert torch.equal(got, ref.to(dtype))  # the values at the call, not the zeros written after it
+
+
+@pytest.mark.skipif(torch.device(lazy.config.backing_device).type != "cuda", reason="uploads to a CUDA backing device")
+def test_uploads_in_c_keep_eager_layouts_and_values():
+    """Note [Uploads in C]: one C call stages and copies a plain cpu tensor in eager's layout (a dense one's own
+    strides, a non-dense one's preserve_format layout) and dtype; a conjugate view is left to the Python path."""
+    x = torch.randn(6, 5, 4)
+    index = torch.cuda.current_device()
+    for source in (x, x.transpose(0, 2), x[:, ::2], x[:, :1].expand(6, 3, 4), x.to(torch.int64)):
+        for dtype in (None, torch.float16):
+            code = -1 if dtype is None else 5
+            got = lazy._C.upload(source, code, index)
+            want = source.to("cuda", dtype=dtype)
+            assert got.device == want.device and got.dtype == want.dtype and got.stride() == want.stride()
+            assert not got.requires_grad and torch.equal(got.cpu(), want.cpu())
+            assert torch.equal(source.to(L, dtype).cpu(), want.cpu())
+    leaf = torch.randn(3, requires_grad=True)
+    assert not lazy._C.upload(leaf, -1, index).requires_grad
+    assert lazy._C.upload(torch.randn(3, dtype=torch.cfloat).conj(), -1, index) is None
+    z = torch.randn(3, dtype=torch.cfloat)
+    torch.testing.assert_close(z.conj().to(L).cpu(), z.conj())

@@ -9,7 +9,13 @@ from typing import Any, Optional
 
 import torch
 
+from .. import _C
 from ..config import config
+
+# c10::ScalarType codes: how C code (csrc/upload.cpp, the C runner's allocations) is told a dtype
+SCALAR_TYPE_CODES = {torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.float16: 5,
+                     torch.float32: 6, torch.float64: 7, torch.complex32: 8, torch.complex64: 9, torch.complex128: 10,
+                     torch.bool: 11, torch.bfloat16: 15}
 
 
 def backing_device() -> torch.device:
@@ -39,6 +45,12 @@ def to_backing(t: torch.Tensor, dtype: Optional[torch.dtype] = None,
     t = t.detach()
     if device.type != "cuda" or t.device.type != "cpu":
         return t.to(device, dtype=dtype, copy=True, memory_format=memory_format)
+    if memory_format is torch.preserve_format:  # one C call (Note [Uploads in C] in csrc/upload.cpp)
+        code = -1 if dtype is None or dtype is t.dtype else SCALAR_TYPE_CODES.get(dtype)
+        if code is not None:
+            out = _C.upload(t, code, device.index if device.index is not None else torch.cuda.current_device())
+            if out is not None:
+                return out
     like = torch.empty_like(t, memory_format=memory_format)  # eager's layout of the copy (pages never touched)
     staged = torch.empty_strided(t.shape, like.stride(), dtype=dtype or t.dtype, pin_memory=True)
     staged.copy_(t)  # converted on the host, where eager converts a copy to cuda too (its copy_ of a cpu source)

@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Sequence
 import torch
 
 from .. import _C
-from ..device.backing import _EAGER_KEYS
+from ..device.backing import _EAGER_KEYS, SCALAR_TYPE_CODES
 from ..ir.node import Op
 from .reference import _CONST, _INPUT, _LIST, EXEC_OVERRIDES, _plan
 
@@ -24,9 +24,7 @@ NATIVE = True
 UPFRONT_BYTES = 16 << 20
 
 # c10::ScalarType and c10::MemoryFormat codes: what a dtype or memory format argument is in a boxed call
-_CODES = {torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.float16: 5,
-          torch.float32: 6, torch.float64: 7, torch.complex32: 8, torch.complex64: 9, torch.complex128: 10,
-          torch.bool: 11, torch.bfloat16: 15,
+_CODES = {**SCALAR_TYPE_CODES,
           torch.contiguous_format: 0, torch.preserve_format: 1, torch.channels_last: 2, torch.channels_last_3d: 3}
 
 

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import operator
 import os
-import struct
 import time
 import warnings
 from typing import Any, Dict, List, Optional, Sequence
@@ -306,10 +305,7 @@ class Program:
         nf, ni = len(self._float_slots), len(self._int_slots)
         if nf + ni == 0:  # only extern calls take scalars: nothing to load
             return
-        self._pack = struct.Struct(f"<{nf}d{ni}q")
-        # each slot's scalar in one C call; an alignment pad reads the 0 appended past the scalars
-        self._gather = operator.itemgetter(*[n if s is None else s for s in self._float_slots + self._int_slots],
-                                           n)
+        self._slots = tuple(-1 if s is None else s for s in self._float_slots + self._int_slots)  # -1: a pad
         self._scal = torch.zeros(nf + ni, dtype=torch.int64, device=self.device)
         sf, si = self._scal[:nf].view(torch.float64), self._scal[nf:]
         self._scalar_args = [[buf[at[f]:] for buf, f in ((sf, True), (si, False)) if f in launch.floats]
@@ -317,14 +313,8 @@ class Program:
 
     def load_scalars(self, scalars: Sequence[Any]) -> None:
         """Copy the runtime scalars to the device buffers (Note [Scalars in device memory]); stream-ordered."""
-        if self._scal is None:
-            return
-        try:
-            host = bytearray(self._pack.pack(*self._gather((*scalars, 0))[:-1]))
-        except struct.error:  # a number of another type than its slot's (an integral float in an int64 slot)
-            host = bytearray(self._pack.pack(*[0.0 if s is None else float(scalars[s]) for s in self._float_slots],
-                                             *[0 if s is None else int(scalars[s]) for s in self._int_slots]))
-        self._scal.view(torch.uint8).copy_(torch.frombuffer(host, dtype=torch.uint8), non_blocking=True)
+        if self._scal is not None:  # packed and copied in one C call (Note [Uploads in C] in csrc/upload.cpp)
+            _C.upload_scalars(self._scal, tuple(scalars), self._slots, len(self._float_slots))
 
     def ready(self) -> bool:
         """Whether a run launches the compiled kernels (not the reference executor of a tiered compile)."""
