@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import contextvars
 import operator
 import types
 from typing import Any, Dict, List, Optional, Tuple
@@ -21,6 +22,7 @@ from .expr import E
 from .interpreter import Box
 from .lookaside import LOOKASIDES, METHODS, Lookaside, Method, _key_box, lookaside, mapping_items, method
 from .boxes import Bound, New
+from .session import ENTRY_VALUE
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -71,6 +73,56 @@ for _name in ("append", "extend", "insert", "pop", "clear", "reverse", "remove")
     METHODS[(list, _name)] = (lambda n: lambda p, r, a, k: _list_effect(p, r, n, a))(_name)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Note [Context variables in a capture]
+# A library may set a contextvars.ContextVar for the length of a call and reset it before returning (transformers
+# activates its output collector around a model's forward so). The capture run sets and resets the real variable
+# (it is the call) and keeps a shadow of its value: a ``get`` after a ``set`` returns the box that was set (an
+# object the call made, or one it read), a ``get`` before any set reads the entry state, guarded as any read is (by
+# ``var.get(default)``). A replay sets nothing, so a call that returns with a variable set to anything but what it
+# found breaks (function.py checks it after the call).
+
+
+@method(contextvars.ContextVar, "set")
+def _context_set(p: Any, recv: Box, args: List[Box], kwargs: Dict[str, Box]) -> Box:
+    token = recv.v.set(args[0].v)
+    shadow = p.s.context_vars.setdefault(id(recv.v), [recv.v, ENTRY_VALUE])
+    p.s.context_tokens[id(token)] = (token, shadow[1])
+    shadow[1] = args[0]
+    return Box(token)
+
+
+@method(contextvars.ContextVar, "reset")
+def _context_reset(p: Any, recv: Box, args: List[Box], kwargs: Dict[str, Box]) -> Box:
+    token = args[0].v
+    recv.v.reset(token)  # raises as the call does: another variable's token, or one used twice
+    saved = p.s.context_tokens.pop(id(token), None)
+    if saved is None:
+        p.breaks(f"resets the ContextVar {recv.v.name!r} with a token from before the call")
+    else:
+        p.s.context_vars[id(recv.v)][1] = saved[1]
+    return Box(None)
+
+
+@method(contextvars.ContextVar, "get")
+def _context_get(p: Any, recv: Box, args: List[Box], kwargs: Dict[str, Box]) -> Box:
+    shadow = p.s.context_vars.get(id(recv.v))
+    if shadow is not None and shadow[1] is not ENTRY_VALUE:
+        return shadow[1]
+    defaults = tuple(p.concrete(a) for a in args)
+    value = recv.v.get(*defaults)  # LookupError as the call raises it
+    if type(recv.m) is not E:
+        p.breaks(f"reads the ContextVar {recv.v.name!r}, which it did not reach through its inputs")
+        return Box(value)
+    return p.read(value, X.method(recv.m, "get", defaults, ()))
+
+
+def unbalanced_context_vars(s: Any) -> List[str]:
+    """The names of the ContextVars the call left set to other than what it found (Note [Context variables in a
+    capture])."""
+    return [var.name for var, value in s.context_vars.values() if value is not ENTRY_VALUE]
+
+
 @method(list, "copy")
 def _list_copy(p: Any, recv: Box, args: List[Box], kwargs: Dict[str, Box]) -> Box:
     items = p.items(recv)
@@ -101,7 +153,8 @@ def _dict_read(p: Any, recv: Box, key: Box) -> Tuple[bool, Optional[Box]]:
     if type(m) is E:
         p.need(recv, "type")
         kexpr = p.key_of(key)
-        written = p.s.written.get((id(v), ("item", id(key.v) if type(kexpr) is E else kexpr)))
+        where = p.written_item(recv, key, kexpr)
+        written = p.s.written.get(where) if where is not None else None
         if written is not None:
             return True, written
         p.s.guard("eq", E("cmp", "in", kexpr, m), present)

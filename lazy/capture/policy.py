@@ -254,6 +254,24 @@ class CapturePolicy(Policy):
             return key.m
         return self.concrete(key)
 
+    def written_item(self, obj: Box, key: Box, kexpr: Any) -> Any:
+        """The key under which ``Session.written`` holds a store into item ``key`` of ``obj`` (read from state):
+        the key's identity where it is itself read from state (a tensor keying optimizer state), else its value,
+        a sequence's negative index counted from the end (``v[-1]`` and ``v[len(v) - 1]`` are one place). None
+        for a slice (a slice store breaks: it moves other items) or any other unhashable key: nothing is stored
+        under it."""
+        v = obj.v
+        if type(kexpr) is E:
+            return (id(v), ("item", id(key.v)))
+        if type(kexpr) is int and kexpr < 0 and isinstance(v, (list, tuple)):
+            self.need(obj, "len")
+            kexpr += len(v)
+        try:
+            hash(kexpr)
+        except TypeError:
+            return None
+        return (id(v), ("item", kexpr))
+
     def getitem(self, obj: Box, key: Box) -> Box:
         v, m = obj.v, obj.m
         if is_tensor(v):
@@ -271,17 +289,21 @@ class CapturePolicy(Policy):
         if type(m) is E:
             self.need(obj, "type")
             kexpr = self.key_of(key)
-            written = self.s.written.get((id(v), ("item", id(key.v) if type(kexpr) is E else kexpr)))
+            if isinstance(key.v, slice) and isinstance(v, (list, tuple)):
+                self.need(obj, "len")
+                written = self.s.written
+                items = []
+                for i in range(len(v))[key.v]:  # each item as its own read would give it
+                    stored = written.get((id(v), ("item", i)))
+                    items.append(stored if stored is not None else self.read(v[i], X.item(m, i)))
+                return self.new(v[key.v], New("list" if isinstance(v, list) else "tuple", items))
+            where = self.written_item(obj, key, kexpr)
+            written = self.s.written.get(where) if where is not None else None
             if written is not None:
                 return written
             if type(v) is __import__("collections").defaultdict and key.v not in v:
                 self.breaks("reads a missing key of a defaultdict (an optimizer's first step creates its state)",
                             transient=True)
-            if isinstance(key.v, slice) and isinstance(v, (list, tuple)):
-                self.need(obj, "len")
-                idx = range(len(v))[key.v]
-                items = [self.read(v[i], X.item(m, i)) for i in idx]
-                return self.new(v[key.v], New("list" if isinstance(v, list) else "tuple", items))
             return self.read(v[key.v], X.item(m, kexpr))
         return Box(v[self.concrete(key)])
 
@@ -303,9 +325,13 @@ class CapturePolicy(Policy):
         if type(m) is E:
             self.need(obj, "type")
             kexpr = self.key_of(key)
+            where = self.written_item(obj, key, kexpr)
             v[key.v] = value.v
-            self._effect("setitem", m, kexpr, value, (id(v), ("item", id(key.v) if type(kexpr) is E else kexpr)), v,
-                         (v, key.v))
+            if where is None:
+                self.breaks(f"stores into a {type(v).__name__} it reached from its inputs under a "
+                            f"{type(key.v).__name__} key")
+                return
+            self._effect("setitem", m, kexpr, value, where, v, (v, key.v))
             return
         self.breaks(f"stores into a {type(v).__name__} it did not reach through its inputs")
         v[key.v] = value.v
@@ -319,8 +345,12 @@ class CapturePolicy(Policy):
             return
         if type(m) is E:
             kexpr = self.key_of(key)
+            where = self.written_item(obj, key, kexpr)
             del v[key.v]
-            self._effect("delitem", m, kexpr, None, (id(v), ("item", id(key.v) if type(kexpr) is E else kexpr)))
+            if where is None or isinstance(v, list):  # a list's deletion moves the items after it
+                self.breaks(f"deletes from a {type(v).__name__} it reached from its inputs")
+                return
+            self._effect("delitem", m, kexpr, None, where)
             return
         self.breaks(f"deletes from a {type(v).__name__} it did not reach through its inputs")
         del v[key.v]

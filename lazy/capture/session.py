@@ -102,6 +102,8 @@ class Session:
         self.paths: Dict[int, Tuple[Any, E]] = {}  # id(object) -> (object, the first expression that reached it)
         self.host_leaves: Dict[int, Any] = {}      # id(data leaf) -> expression of the host tensor it snapshots
         self.seeds: List[Tuple[int, Any]] = []     # (seed, generator or None) in the order drawn
+        self.context_vars: Dict[int, list] = {}    # id(ContextVar) -> [it, its value's box or ENTRY_VALUE]
+        self.context_tokens: Dict[int, tuple] = {}  # id(Token) -> (it, the value its reset restores)
         self.broken: Optional[Break] = None
         self.backward_roots: List[Any] = []        # tensors backward() ran from (their graphs are consumed)
         self.retain_graph = False
@@ -119,6 +121,9 @@ class Session:
     def breaks(self, reason: str, where: str, transient: bool = False) -> None:
         if self.broken is None:
             self.broken = Break(reason, where, transient)
+
+
+ENTRY_VALUE = object()  # a ContextVar holding the value the call found (Note [Context variables in a capture])
 
 
 def plain_store(kind: str, obj: Any, key: Any) -> bool:

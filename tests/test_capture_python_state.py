@@ -1,0 +1,125 @@
+"""Python containers and context variables a captured function reads and writes (lazy/capture/policy.py's item
+reads and stores, lazy/capture/method_models.py's ContextVar models): replays equal a plain run, and what a replay
+cannot redo breaks and runs plainly."""
+import contextvars
+
+import pytest
+import torch
+
+import lazy
+
+L = "lazy"
+
+
+def counter(name):
+    return lazy.metrics.counter(name)
+
+
+@pytest.fixture(autouse=True)
+def verified_and_forgotten():
+    """Every replay is checked against a plain run of the same call (LAZY_CAPTURE_VERIFY)."""
+    with lazy.config.override(capture_verify=True):
+        yield
+    lazy.compile.reset()
+
+
+class Holder:
+    def __init__(self):
+        self.shape = torch.Size([3, 4, 5])
+        self.items = [1.0, 2.0, 3.0]
+
+
+def test_slices_of_sequences_from_the_inputs_replay():
+    """A slice of a tuple (a torch.Size) or list reached from the inputs reads each item as its own read would:
+    an item the call stored before reads back the stored value."""
+    h = Holder()
+
+    @lazy.compile
+    def f(x, h):
+        out = x.reshape((-1,) + h.shape[1:])  # HF GPT-2's ``(-1,) + input_shape[1:]``
+        h.items[-1] = h.items[0] + 1.0  # the last item, by a negative index
+        first, last = h.items[0:3:2]
+        return out * first + h.items[2] * last
+
+    x = torch.randn(3, 4, 5)
+    for i in range(4):
+        h.items[0] = float(i)
+        want_items = [float(i), 2.0, float(i) + 1.0]
+        got = f(x.to(L), h)
+        torch.testing.assert_close(got.cpu(), x * float(i) + (i + 1.0) ** 2)
+        assert h.items == want_items
+    assert counter("capture.captures") == 1 and counter("capture.replays") == 3
+
+
+def test_a_slice_store_or_a_list_deletion_on_the_inputs_breaks_and_runs_plainly():
+    """A store into a slice, or a deletion, moves other items of a list the replay would read at their old places:
+    the function runs plainly, with a plain run's results."""
+    def store(x, items):
+        items[0:2] = [items[1], items[0]]
+        return x * items[0]
+
+    def delete(x, items):
+        del items[0]
+        return x * items[0]
+
+    x = torch.randn(3)
+    for fn, want in ((store, [2.0, 1.0, 3.0]), (delete, [2.0, 3.0])):
+        f = lazy.compile(fn)
+        items = [1.0, 2.0, 3.0]
+        torch.testing.assert_close(f(x.to(L), items).cpu(), x * 2.0)
+        assert items == want
+        assert "runs plainly" in lazy.explain(f)
+    assert counter("capture.replays") == 0
+
+
+_collector = contextvars.ContextVar("collector", default=None)
+
+
+def _scaled(x):
+    collected = _collector.get()
+    if collected is not None:
+        collected.append(x)
+    return x * 2
+
+
+def test_a_context_variable_set_and_reset_around_the_work_replays():
+    """Note [Context variables in a capture]: a library's ContextVar set for the length of a call (transformers'
+    output collector) is followed by the capture; a get before the set reads the entry value, guarded."""
+    @lazy.compile
+    def f(x):
+        before = _scaled(x)  # the entry value: None
+        token = _collector.set([])
+        try:
+            y = _scaled(x + 1)
+            collected = _collector.get()
+        finally:
+            _collector.reset(token)
+        return before + y + collected[0]
+
+    x = torch.randn(4)
+    for _ in range(3):
+        torch.testing.assert_close(f(x.to(L)).cpu(), x * 2 + (x + 1) * 2 + (x + 1))
+        assert _collector.get() is None
+    assert counter("capture.captures") == 1 and counter("capture.replays") == 2
+    seen = []
+    token = _collector.set(seen)  # a caller's collector: the entry value's guard fails, the call captures again
+    try:
+        torch.testing.assert_close(f(x.to(L)).cpu(), x * 2 + (x + 1) * 2 + (x + 1))
+    finally:
+        _collector.reset(token)
+    assert counter("capture.captures") == 2 and len(seen) == 1
+
+
+def test_a_context_variable_left_set_breaks():
+    @lazy.compile
+    def f(x):
+        _collector.set([])
+        return _scaled(x)
+
+    x = torch.randn(4)
+    try:
+        torch.testing.assert_close(f(x.to(L)).cpu(), x * 2)
+        assert len(_collector.get()) == 1
+        assert "leaves the ContextVar 'collector' set" in lazy.explain(f)
+    finally:
+        _collector.set(None)
