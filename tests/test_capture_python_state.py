@@ -1,6 +1,7 @@
 """Python containers and context variables a captured function reads and writes (lazy/capture/policy.py's item
 reads and stores, lazy/capture/method_models.py's ContextVar models): replays equal a plain run, and what a replay
 cannot redo breaks and runs plainly."""
+import collections
 import contextvars
 
 import pytest
@@ -123,3 +124,57 @@ def test_a_context_variable_left_set_breaks():
         assert "leaves the ContextVar 'collector' set" in lazy.explain(f)
     finally:
         _collector.set(None)
+
+
+class Output(collections.OrderedDict):
+    """transformers' ModelOutput in small: an OrderedDict whose Python __setitem__ also sets the attribute, and
+    whose __getitem__ takes an index too."""
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        super().__setattr__(key, value)
+
+    def __getitem__(self, k):
+        return list(self.values())[k] if isinstance(k, int) else super().__getitem__(k)
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        super().__delattr__(key)
+
+
+def test_dicts_of_a_subclass_the_call_creates_are_followed():
+    """Note [Dicts of a subclass the call creates]: items stored through a Python __setitem__ (and the base class's
+    reached through super()) read back, by key, index or attribute, as the values stored."""
+    @lazy.compile
+    def f(x, scale):
+        out = Output()
+        out["loss"] = (x * scale).sum()
+        out["hidden"] = x + scale
+        out["tmp"] = x
+        del out["tmp"]
+        plain = collections.OrderedDict(a=x)
+        plain["b"] = x * 2
+        return out.loss + out[1].sum() + out["hidden"].mean() + sum(v.sum() for v in plain.values()), len(out)
+
+    x = torch.randn(5)
+    for scale in (1.0, 2.0, 3.0):
+        got, n = f(x.to(L), scale)
+        want = (x * scale).sum() + (x + scale).sum() + (x + scale).mean() + 3 * x.sum()
+        torch.testing.assert_close(got.cpu(), want)
+        assert n == 2
+    assert counter("capture.captures") == 1 and counter("capture.replays") == 2
+
+
+def test_a_defaultdict_the_call_creates_stays_opaque():
+    """A dict with __missing__ (a read of a missing key stores) is not shadowed: a store into it breaks."""
+    @lazy.compile
+    def f(x):
+        d = collections.defaultdict(list)
+        d["a"].append(x)
+        d["b"] = x * 2
+        return d["a"][0] + d["b"]
+
+    x = torch.randn(3)
+    for _ in range(2):
+        torch.testing.assert_close(f(x.to(L)).cpu(), x * 3)
+    assert counter("capture.replays") == 0 and "runs plainly" in lazy.explain(f)

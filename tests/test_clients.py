@@ -37,6 +37,18 @@ def _train(model, device):
     return losses, {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 
+def _assert_trained_alike(got_losses, got_state, want_losses, want_state, d):
+    torch.testing.assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=1e-4, atol=1e-5)
+    for name, want in want_state.items():
+        got = got_state[name].clone()
+        if name.endswith("attn.c_attn.bias"):
+            # The key part of the qkv bias gets a gradient that is rounding noise (q.b_k is constant along each
+            # softmax row), which AdamW turns into steps of up to lr: compiled kernels round differently from eager.
+            torch.testing.assert_close(got[d:2 * d], want[d:2 * d], rtol=0, atol=LR * len(got_losses), msg=name)
+            got[d:2 * d] = want[d:2 * d]
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_gpt2_lm_head_model_trains_and_generates_as_eager():
     """The client of the seeded-op fix: GPT-2's attention records SDPA's CPU kernel with ``dropout_p`` positionally,
     ``scale`` by keyword and a seed."""
@@ -47,16 +59,7 @@ def test_gpt2_lm_head_model_trains_and_generates_as_eager():
     model = _gpt2("lazy")
     assert model.lm_head.weight is model.transformer.wte.weight  # tied, as in eager
     got_losses, got_state = _train(model, "lazy")
-    torch.testing.assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=1e-4, atol=1e-5)
-    d = model.config.n_embd
-    for name, want in want_state.items():
-        got = got_state[name].clone()
-        if name.endswith("attn.c_attn.bias"):
-            # The key part of the qkv bias gets a gradient that is rounding noise (q.b_k is constant along each
-            # softmax row), which AdamW turns into steps of up to lr: compiled kernels round differently from eager.
-            torch.testing.assert_close(got[d:2 * d], want[d:2 * d], rtol=0, atol=LR * STEPS, msg=name)
-            got[d:2 * d] = want[d:2 * d]
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=name)
+    _assert_trained_alike(got_losses, got_state, want_losses, want_state, model.config.n_embd)
 
     prompt = torch.tensor([[5, 9, 2, 7]])
     eager_model = _gpt2(EAGER).eval()
@@ -65,3 +68,35 @@ def test_gpt2_lm_head_model_trains_and_generates_as_eager():
     want = eager_model.generate(prompt.to(EAGER), **kwargs).cpu()
     got = lazy_model.generate(prompt.to("lazy"), **kwargs).cpu()
     assert torch.equal(got, want)
+
+
+def test_gpt2_training_step_under_lazy_compile_replays_as_eager():
+    """A whole GPT-2 training step under ``@lazy.compile`` is captured once and replayed (transformers' output
+    collector ContextVar, its ModelOutput dicts and the input shape's slices followed), each replay checked against
+    a plain run (LAZY_CAPTURE_VERIFY), losses and parameters equal to eager's."""
+    if EAGER != "cpu":
+        pytest.xfail("on cuda, eager picks fused attention kernels that lazy does not mirror yet")
+
+    def train(device, compiled):
+        model = _gpt2(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=LR)
+
+        def step(ids):
+            loss = model(input_ids=ids, labels=ids).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        if compiled:
+            step = lazy.compile(step)
+        losses = [step(torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(s)).to(device)).item()
+                  for s in range(6)]
+        return losses, {k: v.detach().cpu() for k, v in model.state_dict().items()}, step
+
+    want_losses, want_state, _ = train(EAGER, False)
+    with lazy.config.override(capture_verify=True):
+        got_losses, got_state, step = train("lazy", True)
+    assert lazy.metrics.counter("capture.replays") >= 4, lazy.explain(step)
+    _assert_trained_alike(got_losses, got_state, want_losses, want_state, 32)
+    lazy.compile.reset()

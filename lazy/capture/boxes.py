@@ -3,6 +3,7 @@ created (``New``), methods bound to a box (``Bound``), iterators the policy step
 kinds of values the policy tells apart."""
 from __future__ import annotations
 
+import collections
 import sys
 import types
 from typing import Any, Dict
@@ -48,6 +49,40 @@ class BoxIter:
 
     def __init__(self, it: Any) -> None:
         self.it = it
+
+
+# Note [Dicts of a subclass the call creates]
+# A dict the call creates is shadowed item by item (New("dict")), so that what it stores reads back as the boxes
+# stored. An instance of a dict subclass (an OrderedDict, transformers' ModelOutput) is shadowed so too when its
+# class leaves iteration, length, membership and the views to dict's C methods, which read the shadow; its Python
+# __getitem__/__setitem__/__delitem__ are interpreted (policy.py), and the base class's methods they reach through
+# super() run natively with the shadow kept in step (lookaside.py's call_method). Any other subclass stays an
+# opaque New("object"), whose item stores break.
+_SHADOW_BYPASSES = ("__iter__", "__len__", "__bool__", "__reversed__", "keys", "values", "items")
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python
+
+
+def shadowable_dict(v: Any) -> bool:
+    """Whether ``v`` (made by the call, still empty) can be shadowed as a dict (Note [Dicts of a subclass the call
+    creates]): a dict, an OrderedDict, or a Python subclass of either that overrides none of what the shadow
+    answers in their place (iteration, length, truth, the views) and has no ``__missing__`` (a defaultdict's read
+    of a missing key stores)."""
+    if not isinstance(v, dict) or len(v) or hasattr(type(v), "__missing__"):
+        return False
+    for c in type(v).__mro__:
+        if c is dict:
+            return True
+        if c is collections.OrderedDict:
+            continue
+        if not c.__flags__ & _HEAPTYPE or any(name in c.__dict__ for name in _SHADOW_BYPASSES):
+            return False
+    return False
+
+
+def python_method(kind: type, name: str) -> Any:
+    """``kind``'s attribute ``name`` where it is a Python function (a method the capture interprets), else None."""
+    f = getattr(kind, name, None)
+    return f if type(f) is types.FunctionType else None
 
 
 def is_tensor(v: Any) -> bool:

@@ -8,6 +8,7 @@ finds them; ``sequence_binary`` is called by the policy's binary operators (lazy
 """
 from __future__ import annotations
 
+import collections
 import math
 import operator
 from typing import Any, Callable, Dict, Iterator, List
@@ -229,6 +230,15 @@ LOOKASIDES[id(tuple)] = _sequence_ctor(tuple)
 
 @lookaside(dict)
 def _dict(p: Any, args: List[Box], kwargs: Dict[str, Box]) -> Box:
+    return _new_dict(p, args, kwargs, dict)
+
+
+@lookaside(collections.OrderedDict)
+def _ordered_dict(p: Any, args: List[Box], kwargs: Dict[str, Box]) -> Box:
+    return _new_dict(p, args, kwargs, collections.OrderedDict)
+
+
+def _new_dict(p: Any, args: List[Box], kwargs: Dict[str, Box], kind: type) -> Box:
     shadow: Dict[Any, Box] = {}
     if args:
         src = args[0]
@@ -239,7 +249,7 @@ def _dict(p: Any, args: List[Box], kwargs: Dict[str, Box]) -> Box:
                 key, value = p.unpack(pair, 2)
                 shadow[p.concrete(key)] = value
     shadow.update(kwargs)
-    return p.new({k: v.v for k, v in shadow.items()}, New("dict", shadow))
+    return p.new(kind((k, v.v) for k, v in shadow.items()), New("dict", shadow))
 
 
 @lookaside(enumerate)

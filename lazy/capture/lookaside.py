@@ -25,7 +25,7 @@ from .. import _C
 from . import expr as X
 from .expr import E
 from .interpreter import Box, Generator, decode
-from .boxes import CONSTANT_TYPES, NUMBERS, Bound, BoxIter, New, is_tensor
+from .boxes import CONSTANT_TYPES, NUMBERS, Bound, BoxIter, New, is_tensor, shadowable_dict
 
 Lookaside = Callable[[Any, List[Box], Dict[str, Box]], Box]
 LOOKASIDES: Dict[int, Lookaside] = {}
@@ -165,6 +165,9 @@ def call_method(p: Any, recv: Box, name: str, bound: Any, args: List[Box], kwarg
             return p.getattr(recv, p.concrete(args[0]))
         if name == "__init__" and not args and not kwargs:
             return Box(None)
+    if name in _ITEM_METHODS and type(recv.m) is New and isinstance(rv, dict) and \
+            getattr(bound, "__self__", None) is rv:
+        return _base_item(p, recv, name, bound, args)
     for kind in type(rv).__mro__:
         handler = METHODS.get((kind, name))
         if handler is not None:
@@ -179,6 +182,30 @@ def call_method(p: Any, recv: Box, name: str, bound: Any, args: List[Box], kwarg
             return _pure_native(p, Box(bound), [recv] + args, kwargs, bound_call=True)
         p.breaks(f"calls {type(rv).__name__}.{name}, which capture cannot follow")
     return opaque(p, Box(bound), args, kwargs)
+
+
+_ITEM_METHODS = frozenset(("__getitem__", "__setitem__", "__delitem__"))
+
+
+def _base_item(p: Any, recv: Box, name: str, bound: Any, args: List[Box]) -> Box:
+    """An item method of a dict's C class (``super().__setitem__`` in a ModelOutput's) on a dict the call created:
+    run natively, its shadow kept in step (Note [Dicts of a subclass the call creates] in boxes.py); a store into
+    an unshadowed one breaks."""
+    k = p.concrete(args[0])
+    if recv.m.kind != "dict":
+        if name != "__getitem__":
+            p.breaks(f"stores into a {type(recv.v).__name__} whose items capture cannot follow")
+        return wrap_native(p, bound(*[a.v for a in args]))
+    items = recv.m.items
+    if name == "__setitem__":
+        bound(k, args[1].v)
+        items[k] = args[1]
+        return Box(None)
+    bound(k)  # raises as the call does (a missing key)
+    if name == "__delitem__":
+        del items[k]
+        return Box(None)
+    return items[k]
 
 
 def opaque(p: Any, fn: Box, args: List[Box], kwargs: Dict[str, Box]) -> Box:
@@ -215,7 +242,7 @@ def wrap_native(p: Any, result: Any) -> Box:
         return p.new(result, New("tuple" if type(result) is tuple else "list", items))
     if type(result) is dict:
         return p.new(result, New("dict", {k: wrap_native(p, v) for k, v in result.items()}))
-    return p.new(result, New("object"))
+    return p.new(result, New("dict", {}) if shadowable_dict(result) else New("object"))
 
 
 # The caller's variable, getrefcount's argument, and the call's own temporary; one more while a PEP 523 frame
@@ -257,7 +284,7 @@ def instantiate(p: Any, cls: Box, args: List[Box], kwargs: Dict[str, Box]) -> Bo
         obj = call(p, Box(getattr(new, "__func__", new)), [cls] + args, kwargs).v
     else:
         obj = new(kind, *[p.concrete(a) for a in args], **{k: p.concrete(v) for k, v in kwargs.items()})
-    box = p.new(obj, New("object"))
+    box = p.new(obj, New("dict", {}) if shadowable_dict(obj) else New("object"))
     if isinstance(obj, kind):
         init = kind.__init__
         if type(init) is types.FunctionType:

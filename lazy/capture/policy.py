@@ -23,7 +23,7 @@ from .. import _C
 from ..device.tensor import LazyTensor
 from . import expr as X
 from .expr import _SYMBOLIC, E, specialized
-from .boxes import CONSTANT_TYPES, NUMBERS, SIZES, Bound, BoxIter, New, is_tensor, library_code
+from .boxes import CONSTANT_TYPES, NUMBERS, SIZES, Bound, BoxIter, New, is_tensor, library_code, python_method
 from .guards import tensor_signature
 from .interpreter import Box, Frame, Generator, decode
 from .plain_policy import BINARY, COMPARE, UNARY, Policy
@@ -276,6 +276,8 @@ class CapturePolicy(Policy):
         v, m = obj.v, obj.m
         if is_tensor(v):
             return self.torch_call(Box(_getitem), [obj, key], {})
+        if type(m) is New and (hook := python_method(type(v), "__getitem__")) is not None:
+            return self.call(Box(hook), [obj, key], {})  # Note [Dicts of a subclass the call creates]
         if type(m) is New and m.kind in ("list", "tuple"):
             k = self.concrete(key)
             picked = m.items[k]
@@ -312,6 +314,9 @@ class CapturePolicy(Policy):
         if is_tensor(v):
             self.torch_call(Box(_setitem), [obj, key, value], {})
             return
+        if type(m) is New and (hook := python_method(type(v), "__setitem__")) is not None:
+            self.call(Box(hook), [obj, key, value], {})
+            return
         if type(m) is New and m.kind in ("list", "dict"):
             k = self.concrete(key)
             v[k] = value.v
@@ -338,6 +343,9 @@ class CapturePolicy(Policy):
 
     def delitem(self, obj: Box, key: Box) -> None:
         v, m = obj.v, obj.m
+        if type(m) is New and (hook := python_method(type(v), "__delitem__")) is not None:
+            self.call(Box(hook), [obj, key], {})
+            return
         if type(m) is New and m.kind in ("list", "dict"):
             k = self.concrete(key)
             del v[k]
