@@ -68,12 +68,27 @@ class LargeEncoder(torch.nn.Module):
         return self.head(self.layers(self.embed(idx)).mean(1))
 
 
+# Client code: transformers' GPT-2 (2 layers of width 64, 4 heads), as a user builds it, trained on the tiny
+# GPT's batches; its forward returns the ModelOutput's logits. Only where transformers is installed.
+class HFGPT2(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        import transformers
+        config = transformers.GPT2Config(vocab_size=65, n_positions=64, n_embd=64, n_layer=2, n_head=4,
+                                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        self.model = transformers.GPT2LMHeadModel(config)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=idx).logits
+
+
 LARGE = {"gpt6x384": lambda: TinyGPT(vocab=65, d=384, heads=6, layers=6, block=256),
          "encoder6x384": LargeEncoder}
+CLIENTS = {"hf-gpt2": HFGPT2}
 
 
 def make_model(kind: str) -> torch.nn.Module:
-    return LARGE[kind]() if kind in LARGE else MODELS[kind]()
+    return LARGE[kind]() if kind in LARGE else CLIENTS[kind]() if kind in CLIENTS else MODELS[kind]()
 
 
 def make_batch(kind: str, step: int, size: int) -> tuple:
@@ -83,11 +98,12 @@ def make_batch(kind: str, step: int, size: int) -> tuple:
         if kind.startswith("encoder"):
             return seq[:, :-1], torch.randint(0, 3, (size,), generator=g)
         return seq[:, :-1], seq[:, 1:]
-    return batch(kind, step, "cpu", size=size)
+    return batch("gpt" if kind in CLIENTS else kind, step, "cpu", size=size)
 
 
 def loss_of(kind: str, out, y):
-    return loss_fn(kind.split("6x384")[0], out, y)  # a large model's loss is its small namesake's
+    # a large model's loss is its small namesake's; a client GPT's the tiny GPT's
+    return loss_fn("gpt" if kind in CLIENTS else kind.split("6x384")[0], out, y)
 
 BACKENDS = ("eager", "lazy", "lazy-sync", "capture", "capture-ro", "compile", "ltc")
 RESULT_PREFIX = "RESULT "
@@ -344,7 +360,8 @@ def merge_rounds(old: dict | None, new: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS),
-                        help=f"comma-separated, from {','.join([*MODELS, *LARGE])} (gpt6x384, encoder6x384: for a GPU)")
+                        help=f"comma-separated, from {','.join([*MODELS, *LARGE, *CLIENTS])} (gpt6x384, "
+                             "encoder6x384: for a GPU; hf-gpt2: transformers' GPT-2)")
     parser.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, from {','.join(BACKENDS)}")
     parser.add_argument("--size", type=int, default=32, help="batch size")
     parser.add_argument("--warmup", type=int, default=3)
@@ -362,8 +379,8 @@ def main() -> None:
     args.models = args.models.split(",")
     args.backends = args.backends.split(",")
     for name in args.models:
-        if name not in MODELS and name not in LARGE:
-            parser.error(f"unknown model {name!r}; choose from {', '.join([*MODELS, *LARGE])}")
+        if name not in MODELS and name not in LARGE and name not in CLIENTS:
+            parser.error(f"unknown model {name!r}; choose from {', '.join([*MODELS, *LARGE, *CLIENTS])}")
     for name in args.backends:
         if name not in BACKENDS:
             parser.error(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
