@@ -9,6 +9,7 @@ finds them; ``sequence_binary`` is called by the policy's binary operators (lazy
 from __future__ import annotations
 
 import collections
+import inspect
 import math
 import operator
 from typing import Any, Callable, Dict, Iterator, List
@@ -142,6 +143,19 @@ for _fn in (issubclass, callable):
 def _id(p: Any, args: List[Box], kwargs: Dict[str, Box]) -> Box:
     p.breaks("takes the id() of an object")
     return Box(id(args[0].v))
+
+
+@lookaside(inspect.signature)
+def _signature(p: Any, args: List[Box], kwargs: Dict[str, Box]) -> Box:
+    """``inspect.signature`` of a function the capture holds by identity (one read from the inputs, guarded so) or of
+    a method it looked up (its function guarded where the object came from the inputs): computed natively, as
+    constant as the function (an immutable Signature). Interpreted otherwise (inspect.unwrap takes id()s)."""
+    fn = args[0] if len(args) == 1 and not kwargs else None
+    if fn is not None and type(fn.m) in (E, Bound):
+        if type(fn.m) is E:
+            p.need(fn, "id")
+        return Box(inspect.signature(fn.v))
+    return p.run_python(inspect.signature, args, kwargs)
 
 
 @lookaside(type)
