@@ -78,8 +78,26 @@ def _bert(device):
     return transformers.BertForSequenceClassification(config).to(device)
 
 
+def _llama(device):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=32)
+    return transformers.LlamaForCausalLM(config).to(device)
+
+
+def _gpt_neox(device):
+    torch.manual_seed(0)
+    config = transformers.GPTNeoXConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=64, max_position_embeddings=32)
+    return transformers.GPTNeoXForCausalLM(config).to(device)
+
+
+def _lm(ids):
+    return dict(input_ids=ids, labels=ids)
+
+
 # model, the inputs of a training step from a batch of token ids, the width whose qkv bias is rounding noise
-CAPTURED = {"gpt2": (_gpt2, lambda ids: dict(input_ids=ids, labels=ids), 32),
+CAPTURED = {"gpt2": (_gpt2, _lm, 32), "llama": (_llama, _lm, None), "gpt_neox": (_gpt_neox, _lm, None),
             "bert": (_bert, lambda ids: dict(input_ids=ids, labels=ids[:, 0] % 3), None)}
 
 
