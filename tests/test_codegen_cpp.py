@@ -498,3 +498,26 @@ def test_programs_of_many_segments_compile_as_units_at_once(monkeypatch):
     assert built[-1] == 1
     for a, b in zip(split, whole):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_pow_with_a_scalar_exponent_is_eagers_kernel(dtype):
+    """Note [Scalars that pick eager's kernel] and [Pow with a scalar exponent]: the exponent is a constant of the
+    graph, the exponents eager computes by arithmetic give eager's bits (x*x*x for 3, 1/x for -1, ...; its square
+    roots are its vector sqrt's, within an ulp), and a new exponent compiles a new graph while the same one is a
+    cache hit."""
+    x = torch.randn(4, 300, dtype=dtype) * 3
+    x[0, :4] = torch.tensor([0.0, -0.0, float("inf"), float("nan")], dtype=dtype)
+    lx = x.to("lazy")
+    for e in (2.0, 3.0, -1.0, -2.0, 2):
+        got = (torch.pow(lx, e) * 1.0).cpu()
+        assert torch.equal(got.isnan(), torch.pow(x, e).isnan())
+        assert torch.equal(got.nan_to_num(), torch.pow(x, e).nan_to_num()), e
+    for e in (0.5, -0.5, 2.5):
+        torch.testing.assert_close((lx ** e).cpu(), x ** e, equal_nan=True)
+    compiles = metrics.counter("cpp.compiles")
+    for e in (2.0, 3.0):
+        (torch.pow(lx, e) * 1.0).cpu()
+    assert metrics.counter("cpp.compiles") == compiles
+    lx.pow_(3.0)
+    torch.testing.assert_close(lx.cpu(), x.pow(3.0), equal_nan=True)

@@ -193,6 +193,11 @@ class _Scope:
                 text = f"static_cast<float>({self.names[source]})"
                 if source.op not in ("const", "scalar"):  # Note [Half precision]
                     text = _ROUND[e.dtype].format(text)
+            elif e.op == "pow" and e.dtype.is_floating_point and (exponent := _uniform(e.args[1])) is not None:
+                # Note [Pow with a scalar exponent] (codegen/cpp_prelude.py)
+                text = f"lz_pow_scalar<{t}>({self.names[e.args[0]]}, static_cast<double>({self.names[exponent]}))"
+                if e.dtype in _ROUND:
+                    text = _ROUND[e.dtype].format(text)
             else:
                 table = BOOL_TEMPLATES if e.dtype is torch.bool and e.op in BOOL_TEMPLATES else TEMPLATES
                 fn = table.get(e.op)
@@ -206,6 +211,13 @@ class _Scope:
             self.lines.append(f"{self.indent}const {t} {name} = {text};")
             self.names[e] = name
         return self.names[root]
+
+
+def _uniform(e: Expr) -> Expr:
+    """The runtime scalar or constant ``e`` is (directly or cast), else None: one value for a whole kernel."""
+    if e.op == "cast":
+        e = e.args[0]
+    return e if e.op in ("scalar", "const") else None
 
 
 def _loop(var_name: str, extent: int, indent: str) -> str:

@@ -25,6 +25,15 @@ RUNTIME_MEMO_VALUE = 2  # a runtime input whose value still keys the shape memo:
 SHAPE_SCALAR_OPS = frozenset(
     getattr(aten, name) for name in ("arange", "range"))
 
+# Note [Scalars that pick eager's kernel]
+# Eager's pow.Tensor_Scalar runs a different kernel for some exponents (ATen's pow_tensor_scalar_kernel: 2 and 3 as
+# multiplications, 0.5 and -0.5 as square roots, -1 and -2 as reciprocals), each rounding as its arithmetic does. A
+# runtime exponent would leave a compiled kernel a libm pow per element (20-40 ns: GELU's tanh form, pow(x, 3.0),
+# took 0.5 ms of a GPT-2 training step) and eager's rounding only by a branch. The exponent is static instead: its
+# value is in the graph key, so the kernel is eager's arithmetic for that exponent, vectorized; a loop that varies
+# the exponent compiles once per value (as torch.compile specializes a float exponent too).
+SCALAR_KERNEL_ARGS = {aten.pow: ("exponent",), aten.pow_: ("exponent",)}
+
 # Ops that return a view although their schema says nothing aliases: kron writes its result through
 # _unsafe_view(out), so recording it as a new value lost the write.
 UNDECLARED_VIEWS = frozenset((aten._unsafe_view.default,))
@@ -57,13 +66,15 @@ class OpDesc:
         self.op = op
         self.name = str(op)
         static_all = op.overloadpacket in SHAPE_SCALAR_OPS
+        static_names = SCALAR_KERNEL_ARGS.get(op.overloadpacket, ())
         self.kinds: List[int] = []
         self.kw_kinds: Dict[str, int] = {}
         self.mutated: List[int] = []
         self.out_names: List[str] = []
         self.has_generator = False
         for i, arg in enumerate(schema.arguments):
-            kind = STATIC if static_all else _scalar_kind(str(arg.type))
+            kind = STATIC if static_all or (arg.name in static_names and str(arg.type) == "number") else \
+                _scalar_kind(str(arg.type))
             if arg.kwarg_only:
                 self.kw_kinds[arg.name] = kind
             else:
