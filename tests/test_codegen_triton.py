@@ -420,3 +420,14 @@ def test_without_the_disk_cache_a_process_keeps_one_temp_dir(tmp_path, monkeypat
     made = os.listdir(tmp_path)
     assert len(made) == 1 and made[0].startswith("lazy-triton-")
     assert len([f for f in os.listdir(tmp_path / made[0]) if f.startswith("lz_")]) == 2
+
+
+def test_pow_with_a_constant_exponent_is_eagers_arithmetic():
+    """Note [Scalars that pick eager's kernel]: eager's special exponents are multiplications and divisions (and
+    sqrt), bit for bit eager's for 2, 3 and -1; others call pow."""
+    x = torch.randn(64, generator=torch.Generator().manual_seed(5)) * 3
+    for e in (2.0, 3.0, -1.0):
+        _, program = run(lambda x: torch.pow(x, e), x, rtol=0, atol=0)
+        assert "M.pow(" not in program.source
+    _, program = run(lambda x: torch.pow(x.abs(), 2.5), x)
+    assert "M.pow(" in program.source

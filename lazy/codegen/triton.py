@@ -209,14 +209,18 @@ class _View:
     def __init__(self, e: Expr, operand_types: List[torch.dtype], dtype: torch.dtype) -> None:
         self.op, self.dtype = e.op, dtype
         types = iter(operand_types)
-        self.args = tuple(_Operand(a.op, next(types)) if type(a) is Expr else a for a in e.args)
+        self.args = tuple(_Operand(a, next(types)) if type(a) is Expr else a for a in e.args)
 
 
 class _Operand:
-    __slots__ = ("op", "dtype")
+    """An operand as a template sees it: its op, its type and, for a constant (or a cast of one), its value."""
 
-    def __init__(self, op: str, dtype: torch.dtype) -> None:
-        self.op, self.dtype = op, dtype
+    __slots__ = ("op", "dtype", "value")
+
+    def __init__(self, e: Expr, dtype: torch.dtype) -> None:
+        self.op, self.dtype = e.op, dtype
+        source = e.args[0] if e.op == "cast" and type(e.args[0]) is Expr else e
+        self.value = source.args[0] if source.op == "const" else None
 
 
 class _Contexts:

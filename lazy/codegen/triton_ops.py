@@ -155,6 +155,13 @@ def _one(e: Expr) -> str:
 def _pow(e: Expr, a: List[str]) -> str:
     if not e.dtype.is_floating_point:
         return f"ipow({a[0]}, {a[1]})"
+    value = getattr(e.args[1], "value", None)  # a constant exponent (Note [Scalars that pick eager's kernel])
+    if type(value) in (int, float):  # eager's arithmetic for these exponents
+        x, one = a[0], _one(e)
+        special = {2: f"({x} * {x})", 3: f"({x} * {x} * {x})", -1: f"M.div_rn({one}, {x})",
+                   -2: f"M.div_rn({one}, {x} * {x})", 0.5: f"M.sqrt({x})", -0.5: f"M.div_rn({one}, M.sqrt({x}))"}
+        if value in special:
+            return special[value]
     return f"M.pow({a[0]}, {a[1]})"
 
 

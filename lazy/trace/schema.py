@@ -30,8 +30,8 @@ SHAPE_SCALAR_OPS = frozenset(
 # multiplications, 0.5 and -0.5 as square roots, -1 and -2 as reciprocals), each rounding as its arithmetic does. A
 # runtime exponent would leave a compiled kernel a libm pow per element (20-40 ns: GELU's tanh form, pow(x, 3.0),
 # took 0.5 ms of a GPT-2 training step) and eager's rounding only by a branch. The exponent is static instead: its
-# value is in the graph key, so the kernel is eager's arithmetic for that exponent, vectorized; a loop that varies
-# the exponent compiles once per value (as torch.compile specializes a float exponent too).
+# value is in the graph key, so the kernel (C++ or Triton) is eager's arithmetic for that exponent, vectorized; a
+# loop that varies the exponent compiles once per value (as torch.compile specializes a float exponent too).
 SCALAR_KERNEL_ARGS = {aten.pow: ("exponent",), aten.pow_: ("exponent",)}
 
 # Ops that return a view although their schema says nothing aliases: kron writes its result through
