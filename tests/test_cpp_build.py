@@ -192,3 +192,21 @@ def test_background_builds_run_niced_and_synchronous_ones_at_the_callers_priorit
     finally:
         build.wait()
         build.close()
+
+
+def test_the_stand_in_of_a_building_program_keeps_no_text(background, tmp_path):
+    """A building program's reference stand-in formats no graph text (its dumps are the program's), and the graph's
+    text is made only for a dump (LAZY_DUMP_DIR), where it is written."""
+    x = torch.randn(16, 3)
+    for _ in range(2):
+        _graph(x.to("lazy"), 1.25)
+    program = graph_cache.latest()
+    assert isinstance(program, cpp_build.BuildingProgram) and program._fallback.source == ""
+    assert program.graph_text == "" and "lz_seg0" in program.source
+    dumps = tmp_path / "dumps"
+    with lazy.config.override(dump_dir=str(dumps)):
+        for _ in range(2):
+            _graph(x.to("lazy"), 1.25)
+            _graph(torch.randn(5, 3).to("lazy"), 1.25)
+    text = "".join(p.read_text() for p in dumps.iterdir() if p.name.endswith("_cpp.txt"))
+    assert "/* graph:\n" in text and "aten.sin" in text and graph_cache.latest().graph_text in text
