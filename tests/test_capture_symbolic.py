@@ -201,3 +201,24 @@ def test_guards_print_as_exact_python():
     with pytest.raises(_Unprintable):
         _python(sympy.sin(a) > 0)
 
+
+
+def test_the_generators_of_the_op_list_are_found_as_it_grows():
+    """``Recorder.generators`` (kept between calls): every generator the op list's random ops take, once each, in
+    order, also after ops are recorded past an earlier call."""
+    from torch.utils._pytree import tree_flatten
+
+    def every(rec):
+        return list({id(g): g for _, args, kwargs, _ in rec.ops for g in tree_flatten((args, kwargs))[0]
+                     if isinstance(g, torch.Generator)}.values())
+
+    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
+    rec = Recorder()
+    with rec:
+        xs = rec.input("x", torch.randn(6, 3).to("lazy"), [0])
+        a = xs + torch.empty_like(xs).uniform_(generator=g1)
+        first = rec.generators()
+        assert len(first) == 1 and first == every(rec)
+        b = a * torch.empty_like(xs).uniform_(generator=g2) + torch.empty_like(xs).uniform_(generator=g1)
+    assert len(rec.generators()) >= 2 and rec.generators() == every(rec) and rec.generators()[0] is first[0]
+    assert rec.id_of(b) is not None

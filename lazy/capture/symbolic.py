@@ -82,6 +82,7 @@ class Recorder:
         self._fakes: Dict[int, Any] = {}
         self._dispatch = _Mode(self)
         self._check: Optional[Callable[[Dict[str, torch.Tensor]], Optional[tuple]]] = None
+        self._generators: Tuple[int, List[torch.Generator]] = (0, [])  # generators() of the first n ops
         # Note [Dropping the symbolic recording]
         self.droppable = droppable
         self.dropped: Optional[str] = None  # why the recording was dropped (ops run on the concrete tensors since)
@@ -196,9 +197,17 @@ class Recorder:
 
     def generators(self) -> List[torch.Generator]:
         """The generators the op list's random ops take."""
-        found = {id(g): g for _, args, kwargs, _ in self.ops for g in tree_flatten((args, kwargs))[0]
-                 if isinstance(g, torch.Generator)}
-        return list(found.values())
+        # NOTE: asked at every new size; the op list only grows (ops are appended), so what its first n ops take is
+        # kept and only later ops are read
+        n, found = self._generators
+        if n != len(self.ops):
+            seen = {id(g): g for g in found}
+            for _, args, kwargs, _ in self.ops[n:]:
+                for g in tree_flatten((args, kwargs))[0]:
+                    if isinstance(g, torch.Generator):
+                        seen.setdefault(id(g), g)
+            self._generators = (len(self.ops), list(seen.values()))
+        return list(self._generators[1])
 
     def _drop(self, reason: str, func: Any, args: tuple, kwargs: dict) -> Any:
         """Note [Dropping the symbolic recording]: raise ``reason`` where the recording is not droppable; else
