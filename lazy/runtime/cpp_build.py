@@ -23,10 +23,11 @@ A background build's compiler processes run at a lower priority (``config.compil
 ``nice``), below the steps that run meanwhile. At the caller's priority, on 2 cores, the two compiler processes of
 a build shared the cores with the calling thread's Python and with the OpenMP threads of the graph's warming run on
 the reference executor: an OpenMP team waits at each barrier for a member queued behind g++, so a tiny GPT step's
-reference run, 4-20 ms alone, took 0.3-2 s, and each later new size of benchmarks/dynamic_sizes.py cost 438-479 ms
-of the calling thread, 213-231 ms with the builds at niceness 10 or 19 (AMD EPYC, 2 cores, otherwise idle). The
-builds then take what the steps leave: the last one finished 0.7-0.9 s later in that benchmark (its steps meanwhile
-ran on the reference executor, 8 ms against 4 compiled). At 10 a build still gets about a tenth of a core that a
+reference run, 4-20 ms alone, took 0.3-2 s, and each later new size of benchmarks/dynamic_sizes.py under
+``dynamic=True`` cost 290-354 ms of the calling thread, 109-112 ms with the builds at niceness 10 (a static
+recapture 644-886 and 318-324 ms; AMD EPYC, 2 cores, otherwise idle; 19 gave what 10 gives). The builds then take
+what the steps leave: the last one finished 1.0-1.3 s later in that benchmark (its steps meanwhile ran on the
+reference executor, 8 ms against 4 compiled). At 10 a build still gets about a tenth of a core that a
 step keeps busy (CFS weights), so a loop that never leaves the cores idle is tiered up late, not never. Synchronous
 builds (the caller waits for them) and the link keep the caller's priority.
 """
