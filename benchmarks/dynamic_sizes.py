@@ -10,8 +10,9 @@ read at the end of each step (a sync). The sizes cycle through --sizes (batch x 
 - new size: the mean of the first steps at each later size (a capture, or a graph built and compiled);
 - builds left: after two passes through the sizes, how long lazy's background C++ builds still took (Note [C++
   compiles in the background]): until then a size's graph runs on the reference executor;
-- step: the median step over the --rounds - 1 passes through the sizes after those two, every size already seen
-  and built.
+- step: the median step over the --rounds - 2 passes through the sizes after the one that follows those two, every
+  size seen and built, and run compiled once (that pass's steps load the libraries the wait ended with and run
+  each program's first time).
 
 - eager:    plain PyTorch on the CPU.
 - static:   the step under @lazy.compile: each new size captures the function again (runs its Python under the
@@ -91,7 +92,7 @@ def run(backend: str, sizes, rounds: int, warm: bool) -> dict:
         times.append(time.perf_counter() - start)
     n = len(sizes)
     at = 1 if backend in ("static", "dynamic") else 0  # a capture's first step runs plainly (AdamW's new state)
-    return {"first": times[at], "new": statistics.mean(times[at + 1:n]), "step": statistics.median(times[2 * n:]),
+    return {"first": times[at], "new": statistics.mean(times[at + 1:n]), "step": statistics.median(times[3 * n:]),
             "loss": losses[-1], "left": left}
 
 
@@ -99,7 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--sizes", default="16x32,12x24,20x40,8x16,16x48")
-    parser.add_argument("--rounds", type=int, default=6, help="passes after the first (at least 2)")
+    parser.add_argument("--rounds", type=int, default=6, help="passes after the first (at least 3)")
     parser.add_argument("--warm", action="store_true", help="keep the user's lazy and inductor compile caches")
     args = parser.parse_args()
     if not args.warm:  # read by inductor when it first compiles

@@ -59,6 +59,10 @@ KNOBS = (
          "With compiler 'auto' on the cpu: a graph's C++ library builds in the background while the graph runs on "
          "the reference executor (Note [C++ compiles in the background]); 0: the run that compiles waits for g++.",
          _bool),
+    Knob("compile_nice", 10, "LAZY_COMPILE_NICE",
+         "With compile_background: the niceness (1-19) of the background C++ compiler processes, so that they take "
+         "what the steps leave of the cores (Note [Background builds yield the cores]); 0: the caller's priority.",
+         int),
     Knob("cuda_graphs", True, "LAZY_CUDA_GRAPHS",
          "Triton backend on cuda: a cached graph's program replays as one CUDA graph from its second compiled run, "
          "its inputs copied into the graph's memory and its outputs out of it (Note [CUDA graphs for cached "

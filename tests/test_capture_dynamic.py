@@ -341,3 +341,35 @@ def test_a_graph_that_differs_at_other_sizes_is_refused_with_the_node():
     elsewhere = _same_graph(plan, linearize([((y * 2).sin())._lz_st.value]), [x._lz_st.value])
     assert "another tensor" in elsewhere
     lazy.mark_step()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_size_builds_without_collections_and_leaves_the_collector_as_it_found_it(enabled, monkeypatch):
+    """Note [No collections while a size builds]: the cyclic collector is off while a new size's graph builds, and
+    on again after only where it was on; the results are eager's."""
+    import gc
+
+    from lazy.capture import dynamic
+    seen = []
+    inner = dynamic.Shapes._build
+    monkeypatch.setattr(dynamic.Shapes, "_build", lambda self, *a: seen.append(gc.isenabled()) or inner(self, *a))
+    ref = mlp().to(EAGER)
+    model = copy.deepcopy(ref).to("lazy")
+
+    @lazy.compile(dynamic=True)
+    def predict(x):
+        with torch.no_grad():
+            return model(x)
+
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        for b in (4, 6, 9):
+            x = torch.randn(b, 8)
+            got = predict(x.to("lazy"))
+            assert gc.isenabled() is enabled
+            with torch.no_grad():
+                close(got, ref(x.to(EAGER)))
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert seen == [False, False] and counter("capture.dynamic_compiles") == 2

@@ -123,6 +123,27 @@ def test_a_factory_of_a_symbolic_size_replays_at_the_new_size():
     close(rec.instantiate({"x": x.to("lazy")})[rec.id_of(out)], x + torch.arange(11)[:, None])
 
 
+def test_sizes_used_as_numbers_and_in_containers_replay_at_the_new_sizes():
+    """The op list's arguments at other sizes: symbolic ints and floats (one expression read twice, ``b * t`` and
+    ``1 / t``), lists of tensors and of sizes, keyword arguments, and an op returning a tuple."""
+    rec = Recorder()
+    with rec:
+        xs = rec.input("x", torch.randn(4, 6).to("lazy"), [0, 1])
+        b, t = xs.shape
+        mean = xs.sum(1, keepdim=True) / t + xs.sum() * (1 / t) / (b * t)
+        parts = torch.split(xs, [t // 2, t - t // 2], dim=1)
+        out = torch.cat([parts[1], parts[0] * b], dim=1).reshape(b * t) + torch.full((b * t,), t * 0.5,
+                                                                                     device=xs.device)
+        viewed = mean.expand(b, t).reshape([t, b])
+    for b, t in ((3, 10), (5, 8), (4, 6)):  # the recording guards b < t
+        x = torch.randn(b, t)
+        env = rec.instantiate({"x": x.to("lazy")})
+        want_mean = x.sum(1, keepdim=True) / t + x.sum() * (1 / t) / (b * t)
+        want = torch.cat([x[:, t // 2:], x[:, :t // 2] * b], dim=1).reshape(b * t) + t * 0.5
+        close(env[rec.id_of(out)], want)
+        close(env[rec.id_of(viewed)], want_mean.expand(b, t).reshape(t, b))
+
+
 def test_composite_matmul_and_linear_keep_sizes_symbolic():
     """Note [Python kernels of composite ops]: a 3-d input through ``matmul`` and a ``linear`` without bias (a
     tied head) replays at other batch sizes and lengths."""
@@ -180,3 +201,24 @@ def test_guards_print_as_exact_python():
     with pytest.raises(_Unprintable):
         _python(sympy.sin(a) > 0)
 
+
+
+def test_the_generators_of_the_op_list_are_found_as_it_grows():
+    """``Recorder.generators`` (kept between calls): every generator the op list's random ops take, once each, in
+    order, also after ops are recorded past an earlier call."""
+    from torch.utils._pytree import tree_flatten
+
+    def every(rec):
+        return list({id(g): g for _, args, kwargs, _ in rec.ops for g in tree_flatten((args, kwargs))[0]
+                     if isinstance(g, torch.Generator)}.values())
+
+    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
+    rec = Recorder()
+    with rec:
+        xs = rec.input("x", torch.randn(6, 3).to("lazy"), [0])
+        a = xs + torch.empty_like(xs).uniform_(generator=g1)
+        first = rec.generators()
+        assert len(first) == 1 and first == every(rec)
+        b = a * torch.empty_like(xs).uniform_(generator=g2) + torch.empty_like(xs).uniform_(generator=g1)
+    assert len(rec.generators()) >= 2 and rec.generators() == every(rec) and rec.generators()[0] is first[0]
+    assert rec.id_of(b) is not None

@@ -163,3 +163,50 @@ def test_a_child_forked_during_a_build_leaves_the_parents_build_alone(background
     cpp_build.wait_all()
     torch.testing.assert_close(_graph(xl, 1.25), want)
     assert program.ready() and metrics.counter("compile_fallback") == 0
+
+
+def test_background_builds_run_niced_and_synchronous_ones_at_the_callers_priority(background, monkeypatch):
+    """Note [Background builds yield the cores]: a background build's compiler runs under ``nice`` at
+    ``compile_nice`` (none at 0, none for a build the caller waits for, none for a compiler not found); its library
+    gives eager's values."""
+    started = []
+    inner = cpp_build.Build._start
+    monkeypatch.setattr(cpp_build.Build, "_start", lambda self: started.append(self) or inner(self))
+    x = torch.randn(32, 7)
+    want = ((x * 2.5).sin() + x.square()).sum(0)
+    for _ in range(2):
+        _graph(x.to("lazy"), 2.5)
+    cpp_build.wait_all()
+    torch.testing.assert_close(_graph(x.to("lazy"), 2.5), want)
+    assert metrics.counter("kernels_launched") > 0 and len(started) == 1
+    for cmd in started[0].commands:
+        assert cmd[0].endswith("nice") and cmd[1:3] == ["-n", "10"] and cmd[3] == "g++"
+    with lazy.config.override(compile_nice=0):
+        assert cpp_build._niced(["g++", "-O2"]) == ["g++", "-O2"]
+    with lazy.config.override(compile_nice=19):
+        assert cpp_build._niced(["g++"])[1:] == ["-n", "19", "g++"]
+    assert cpp_build._niced(["/nonexistent/c++"]) == ["/nonexistent/c++"]
+    build = cpp_build.Build(["int f() { return 1; }\n"], ["-shared", "-fPIC"], "k", "", background=False)
+    try:
+        assert build.commands[0][0] == "g++"
+    finally:
+        build.wait()
+        build.close()
+
+
+def test_the_stand_in_of_a_building_program_keeps_no_text(background, tmp_path):
+    """A building program's reference stand-in formats no graph text (its dumps are the program's), and the graph's
+    text is made only for a dump (LAZY_DUMP_DIR), where it is written."""
+    x = torch.randn(16, 3)
+    for _ in range(2):
+        _graph(x.to("lazy"), 1.25)
+    program = graph_cache.latest()
+    assert isinstance(program, cpp_build.BuildingProgram) and program._fallback.source == ""
+    assert program.graph_text == "" and "lz_seg0" in program.source
+    dumps = tmp_path / "dumps"
+    with lazy.config.override(dump_dir=str(dumps)):
+        for _ in range(2):
+            _graph(x.to("lazy"), 1.25)
+            _graph(torch.randn(5, 3).to("lazy"), 1.25)
+    text = "".join(p.read_text() for p in dumps.iterdir() if p.name.endswith("_cpp.txt"))
+    assert "/* graph:\n" in text and "aten.sin" in text and graph_cache.latest().graph_text in text

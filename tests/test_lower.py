@@ -550,3 +550,42 @@ def test_walks_are_kept_per_expression_without_cycles():
         assert ref() is None
     finally:
         gc.enable()
+
+
+def test_strides_of_affine_indices_are_their_coefficients():
+    """kir.stride reads an affine index's coefficient directly; it is what the substitution ``index(v + 1) -
+    index(v)`` gives, for affine indices and for ones with divisions, remainders and loads."""
+    from lazy.lower import kir
+
+    def by_substitution(index, v):
+        step = kir.iadd(kir.substitute(index, {v: kir.iadd(v, kir.const(1, kir.INDEX))}), kir.imul(index, -1))
+        return step.args[0] if step.op == "const" else None
+
+    i, j, k = kir.var("i", 6), kir.var("j", 10), kir.var("k", 4)
+    buf = kir.Buffer(0, (60,), torch.int64)
+    flat = kir.iadd(kir.imul(i, 10), j)
+    indices = [flat, kir.iadd(kir.imul(i, -3), kir.const(7, kir.INDEX)), kir.const(5, kir.INDEX), k,
+               kir.iadd(kir.imul(kir.ifloordiv(flat, 4), 4), kir.imod(flat, 4)), kir.imod(flat, 4),
+               kir.iadd(kir.ifloordiv(j, 3), kir.imul(k, 2)), kir.iadd(kir.imul(k, 9), kir.imod(i, 4)),
+               kir.iadd(kir.load(buf, [flat]), kir.imul(k, 3))]
+    for index in indices:
+        for v in (i, j, k):
+            assert kir.stride(index, v) == by_substitution(index, v), (index, v)
+    assert kir.stride(flat, i) == 10 and kir.stride(flat, j) == 1 and kir.stride(flat, k) == 0
+    assert kir.stride(kir.imod(flat, 4), j) is None
+
+
+def test_a_decomposition_without_runtime_scalars_is_traced_once(monkeypatch):
+    """Note [Decompositions keep runtime scalars]: the second trace, with other sentinels, runs only where the node
+    has runtime scalars (one without would be traced twice alike); results are eager's either way."""
+    import lazy.lower.decompose as D
+    traced = []
+    inner = D._trace_once
+    monkeypatch.setattr(D, "_MEMO", {})
+    monkeypatch.setattr(D, "_trace_once", lambda node, *a, **k: traced.append(str(node.op)) or inner(node, *a, **k))
+    x = torch.randn(5, 7)
+    check(lambda x: [torch.log_softmax(x, 1)], x)
+    assert traced == ["aten._log_softmax.default"]
+    traced.clear()
+    check(lambda x: [F.leaky_relu(x, 0.3)], x)
+    assert traced.count("aten.leaky_relu.default") == 2 + len(D.SPECIAL_VALUES)

@@ -82,6 +82,7 @@ class Recorder:
         self._fakes: Dict[int, Any] = {}
         self._dispatch = _Mode(self)
         self._check: Optional[Callable[[Dict[str, torch.Tensor]], Optional[tuple]]] = None
+        self._generators: Tuple[int, List[torch.Generator]] = (0, [])  # generators() of the first n ops
         # Note [Dropping the symbolic recording]
         self.droppable = droppable
         self.dropped: Optional[str] = None  # why the recording was dropped (ops run on the concrete tensors since)
@@ -196,9 +197,17 @@ class Recorder:
 
     def generators(self) -> List[torch.Generator]:
         """The generators the op list's random ops take."""
-        found = {id(g): g for _, args, kwargs, _ in self.ops for g in tree_flatten((args, kwargs))[0]
-                 if isinstance(g, torch.Generator)}
-        return list(found.values())
+        # NOTE: asked at every new size; the op list only grows (ops are appended), so what its first n ops take is
+        # kept and only later ops are read
+        n, found = self._generators
+        if n != len(self.ops):
+            seen = {id(g): g for g in found}
+            for _, args, kwargs, _ in self.ops[n:]:
+                for g in tree_flatten((args, kwargs))[0]:
+                    if isinstance(g, torch.Generator):
+                        seen.setdefault(id(g), g)
+            self._generators = (len(self.ops), list(seen.values()))
+        return list(self._generators[1])
 
     def _drop(self, reason: str, func: Any, args: tuple, kwargs: dict) -> Any:
         """Note [Dropping the symbolic recording]: raise ``reason`` where the recording is not droppable; else
@@ -287,16 +296,43 @@ class Recorder:
         for name, s in self.inputs:
             env[self._ids[id(s)]] = values[name]
 
+        values_at: Dict[Any, Any] = {}  # a symbolic number's value, by its expression and type
+
         def concrete(a: Any) -> Any:
             if _is_ref(a):
                 return env[a[1]]
-            return value_at(a, binding) if isinstance(a, _SYMBOLIC) else a
+            if isinstance(a, _SYMBOLIC):
+                key = (type(a), a.node.expr)
+                v = values_at.get(key)
+                if v is None:
+                    v = values_at[key] = value_at(a, binding)
+                return v
+            return a
+
+        def fill(a: Any) -> Any:
+            # NOTE: tree_map(concrete, a, is_leaf=_is_ref) for the templates' usual containers (exact tuples, lists
+            # and dicts, rebuilt as pytree rebuilds them) and leaves, without its per-node registry lookups: ~3/4
+            # of replaying a GPT step's op list at new sizes went to them; any other type takes tree_map itself
+            t = type(a)
+            if t in _LEAVES:
+                return a
+            if t is tuple:
+                return env[a[1]] if len(a) == 2 and a[0] == _REF else tuple([fill(x) for x in a])
+            if t is list:
+                return [fill(x) for x in a]
+            if t is dict:
+                return {k: fill(x) for k, x in a.items()}
+            if t in _SYMBOLIC_TYPES:
+                return concrete(a)
+            return tree_map(concrete, a, is_leaf=_is_ref)
 
         with torch.no_grad():  # the ops are autograd's already (its backward's among them): none records again
             for func, args, kwargs, outs in self.ops:
-                result = func(*tree_map(concrete, args, is_leaf=_is_ref),
-                              **tree_map(concrete, kwargs, is_leaf=_is_ref))
-                tensors = [r for r in tree_flatten(result)[0] if isinstance(r, torch.Tensor)]
+                result = func(*fill(args), **fill(kwargs))
+                flat = (result,) if isinstance(result, torch.Tensor) else \
+                    result if type(result) in (tuple, list) and all(isinstance(r, torch.Tensor) for r in result) \
+                    else tree_flatten(result)[0]
+                tensors = [r for r in flat if isinstance(r, torch.Tensor)]
                 for i, r in zip(outs, tensors):
                     env[i] = r
         return env
@@ -394,6 +430,10 @@ def _hint(a: Any) -> Any:
 def _concrete_call(func: Any, args: tuple, kwargs: dict) -> Any:
     """The op run on the concrete twins and the symbolic numbers' values: what the lazy graph records."""
     return func(*tree_map(_hint, args), **tree_map(_hint, kwargs))
+
+
+_LEAVES = frozenset((int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format))
+_SYMBOLIC_TYPES = frozenset(_SYMBOLIC)
 
 
 def _is_ref(a: Any) -> bool:

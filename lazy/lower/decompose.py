@@ -4,8 +4,8 @@ Note [Decompositions keep runtime scalars]
 A node is decomposed by tracing its decomposition with ``make_fx`` on meta tensors, memoized per signature (op,
 argument templates, input shapes and dtypes). Runtime scalars (Note [Argument templates]) must stay runtime
 inputs of the decomposed graph, not constants baked into it: the trace is run twice with two different sets of
-sentinel values for the scalar slots, and an FX argument that equals slot k's sentinel in both traces, at the
-same place, becomes ``ScalarRef(k)``. If the two traces differ anywhere else (a scalar was transformed, or
+sentinel values for the scalar slots (once where the node has none), and an FX argument that equals slot k's
+sentinel in both traces, at the same place, becomes ``ScalarRef(k)``. If the two traces differ anywhere else (a scalar was transformed, or
 decided control flow), the node is not decomposed and runs as an extern call.
 """
 from __future__ import annotations
@@ -241,7 +241,10 @@ def _same_branch(na: list, ns: Optional[list], sentinel_slots: Dict[Any, int]) -
 
 def _trace(node: Node) -> Optional[Decomposed]:
     a, b = _sentinels(node, 0), _sentinels(node, 1)
-    na, nb = _trace_once(node, a), _trace_once(node, b)
+    # NOTE: without runtime scalars the second trace would run the same function on the same inputs: the first
+    # serves as both (a trace is deterministic: random ops are not traced, _scalar_markers)
+    na = _trace_once(node, a)
+    nb = _trace_once(node, b) if a else na
     if len(na) != len(nb):
         return None
     ref_a = {v: k for k, v in enumerate(a)}

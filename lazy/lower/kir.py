@@ -479,6 +479,9 @@ def probed_strides(index: Expr, v: Expr) -> Optional[List[int]]:
 
 def stride(index: Expr, v: Expr) -> Optional[int]:
     """How far ``index`` moves when ``v`` grows by one: a constant, or None where that depends on the indices."""
+    terms, _ = _linear(index)
+    if all(a.op == "var" for a in terms):  # affine in the loop variables (most indices): its coefficient
+        return terms.get(v, 0)
     step = iadd(substitute(index, {v: iadd(v, const(1, INDEX))}), imul(index, -1))
     return step.args[0] if step.op == "const" else None
 

@@ -2,7 +2,7 @@
 
 Note [Tracing decompositions without FX]
 Lowering decomposes composite ops by tracing PyTorch's decompositions on meta tensors (lazy/lower/decompose.py),
-two to six traces per op signature, and a training step's graph has tens of signatures: with ``make_fx`` each
+one to six traces per op signature, and a training step's graph has tens of signatures: with ``make_fx`` each
 trace cost 20-85 ms (FX proxies and the metadata it keeps on every node), which made lowering the larger part of a
 step's first compile (a CNN step: 1.4 of 2.4 s). Decomposition needs less: the ops in order, their arguments with
 tensors named by the step that made them, and the output's shape and dtype. ``trace`` records that in a

@@ -438,7 +438,9 @@ def _raise_kernel_error(err: int) -> None:
 
 def describe(program: Any, lin: Linearized, lowered: Any, sched: Any) -> None:
     """What a compiled program tells about itself (dumps, tests, metrics): shared by the cpp and Triton programs."""
-    program.graph_text = format_graph(lin.order, lin.outputs)
+    # NOTE: the graph's text is read only by the dump written right after the compile (graph_cache._dump): ~4 ms of
+    # a tiny GPT step's new size when made for nothing
+    program.graph_text = format_graph(lin.order, lin.outputs) if config.dump_dir else ""
     program.num_nodes = sum(1 for n in lin.order if n.op is not DATA)
     program.num_kernels = len(sched.kernels)
     program.num_externs = sum(isinstance(s, Extern) for s in sched.steps)
@@ -450,7 +452,7 @@ def compile_cpp(lin: Linearized, device: torch.device) -> Any:
     ``compiler='auto'`` the library builds in the background (Note [C++ compiles in the background])."""
     try:
         program = Program(lin, device, background=config.compiler == "auto" and config.compile_background)
-        return program if program.built() else BuildingProgram(program, ReferenceProgram(lin, device))
+        return program if program.built() else BuildingProgram(program, ReferenceProgram(lin, device, source=False))
     except Exception as e:  # noqa: BLE001 -- any failure falls back, loudly and counted
         fell_back(f"{type(e).__name__}: {e}", len(lin.order), stacklevel=2)
         return ReferenceProgram(lin, device)

@@ -17,6 +17,19 @@ units of one program already take every core (``_units`` in cpp.py), and on 2 co
 the sizes of a ``dynamic=True`` capture made the steps that ran meanwhile up to three times slower. A failed
 build warns once when it is found, and the graph stays on the reference executor (``compile_fallback``), as a
 failed synchronous compile does.
+
+Note [Background builds yield the cores]
+A background build's compiler processes run at a lower priority (``config.compile_nice``, 10 by default, through
+``nice``), below the steps that run meanwhile. At the caller's priority, on 2 cores, the two compiler processes of
+a build shared the cores with the calling thread's Python and with the OpenMP threads of the graph's warming run on
+the reference executor: an OpenMP team waits at each barrier for a member queued behind g++, so a tiny GPT step's
+reference run, 4-20 ms alone, took 0.3-2 s, and each later new size of benchmarks/dynamic_sizes.py under
+``dynamic=True`` cost 290-354 ms of the calling thread, 109-112 ms with the builds at niceness 10 (a static
+recapture 644-886 and 318-324 ms; AMD EPYC, 2 cores, otherwise idle; 19 gave what 10 gives). The builds then take
+what the steps leave: the last one finished 1.0-1.3 s later in that benchmark (its steps meanwhile ran on the
+reference executor, 8 ms against 4 compiled). At 10 a build still gets about a tenth of a core that a
+step keeps busy (CFS weights), so a loop that never leaves the cores idle is tiered up late, not never. Synchronous
+builds (the caller waits for them) and the link keep the caller's priority.
 """
 from __future__ import annotations
 
@@ -68,12 +81,13 @@ class Build:
             sources.append(os.path.join(self.tmp, f"graph{i or ''}.cpp"))
             with open(sources[-1], "w") as f:
                 f.write(text)
+        run = _niced(cxx) if background else cxx  # Note [Background builds yield the cores]
         if len(units) == 1:
-            self.commands = [cxx + ["-o", self.so, sources[0]]]
+            self.commands = [run + ["-o", self.so, sources[0]]]
             self.objects: List[str] = []
         else:
             self.objects = [src[:-4] + ".o" for src in sources]
-            self.commands = [cxx + ["-c", "-o", obj, src] for src, obj in zip(sources, self.objects)]
+            self.commands = [run + ["-c", "-o", obj, src] for src, obj in zip(sources, self.objects)]
         self.procs: List[subprocess.Popen] = []
         self.started = False
         self.error: Optional[CompileError] = None  # the compiler could not be started
@@ -160,6 +174,16 @@ class Build:
                 _QUEUE.remove(self)
         self._remove()
         _LIVE.discard(self)
+
+
+def _niced(cxx: List[str]) -> List[str]:
+    """``cxx`` run through ``nice`` at ``config.compile_nice``; as it is where that is 0, or where ``nice`` or the
+    compiler is not found (a compiler that cannot be started then raises as it would without ``nice``)."""
+    level = min(int(config.compile_nice), 19)
+    nice = shutil.which("nice")
+    if level <= 0 or nice is None or shutil.which(cxx[0]) is None:
+        return cxx
+    return [nice, "-n", str(level)] + cxx
 
 
 def _remove_dir(path: str, pid: int) -> None:

@@ -104,11 +104,13 @@ class Program:
 
     backend = "reference"
 
-    def __init__(self, lin: Linearized, device: torch.device) -> None:
+    def __init__(self, lin: Linearized, device: torch.device, source: bool = True) -> None:
+        """``source``: keep the graph's text as ``source`` (dumps); a compiled program's stand-in while it builds
+        (runtime/cpp_build.py ``BuildingProgram``), whose dumps are the compiled program's, needs none."""
         self.device = device
         self.outputs = list(lin.outputs)
         self.num_values = len(lin.order)
-        self.source = format_graph(lin.order, lin.outputs)
+        self.source = format_graph(lin.order, lin.outputs) if source else ""
         last_use: Dict[int, int] = {}
         for p, node in enumerate(lin.order):
             for i in node.inputs:

@@ -139,7 +139,7 @@ class Program:
                 infos = build.compile_now(path, reqs, device)
                 self._bind([infos[i] for i in index], None, key, source)
             else:  # Note [Triton compiles]: the reference executor runs the graph until the pool is done
-                self._fallback = ReferenceProgram(lin, device)
+                self._fallback = ReferenceProgram(lin, device, source=False)
                 self._pending = (build.submit(path, reqs, device), index, key, source)
         metrics.bump("kernels_compiled", self.num_kernels)
         for name, n in self.externs_by_op.items():
