@@ -59,6 +59,15 @@ def triton_compiler(tmp_path_factory):
 
 
 @pytest.fixture
+def capture_verified():
+    """Every replay is checked against a plain run of the same call (LAZY_CAPTURE_VERIFY); captures are forgotten
+    after the test. The capture suites use it for every test (``pytestmark``)."""
+    with lazy.config.override(capture_verify=True):
+        yield
+    lazy.compile.reset()
+
+
+@pytest.fixture
 def seeded():
     torch.manual_seed(0)
     yield

@@ -14,28 +14,18 @@ import torch.nn.functional as F
 import lazy
 from lazy.capture.function import state_of
 from lazy.capture.session import CaptureBreak
+from lazy.debug.metrics import counter
 
 from models import MODELS, batch, loss_fn
 
+pytestmark = pytest.mark.usefixtures("capture_verified")
+
 L = "lazy"
-
-
-def counter(name):
-    return lazy.metrics.counter(name)
 
 
 def plain_copy(fn):
     """Another function of ``fn``'s code: it stays plain when ``fn`` is compiled (``lazy.compile(fn) is fn``)."""
     return types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-
-
-@pytest.fixture(autouse=True)
-def verified_and_forgotten():
-    """Every replay in these tests is checked against a plain run of the same call (LAZY_CAPTURE_VERIFY);
-    captures are forgotten after each test."""
-    with lazy.config.override(capture_verify=True):
-        yield
-    lazy.compile.reset()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -690,7 +680,6 @@ def test_generators_are_refused():
 
     with pytest.raises(TypeError, match="generator"):
         lazy.compile(gen)
-
 
 
 def test_every_argument_kind():

@@ -7,28 +7,18 @@ import torch
 import torch.nn as nn
 
 import lazy
+from lazy.debug.metrics import counter
 from models import MODELS, TinyGPT, batch, loss_fn
+
+pytestmark = pytest.mark.usefixtures("capture_verified")
 
 EAGER = str(lazy.sync.backing_device())
 CLOSE = dict(rtol=1e-4, atol=1e-5)  # compiled kernels and eager's round differently
 
 
-def counter(name):
-    return lazy.metrics.counter(name)
-
-
 def close(got, want):
     assert type(got) is lazy.LazyTensor  # never a tensor of the recording
     torch.testing.assert_close(got.cpu(), want.detach().cpu(), **CLOSE)
-
-
-@pytest.fixture(autouse=True)
-def verified_and_forgotten():
-    """Every replay is checked against a plain run of the same call (LAZY_CAPTURE_VERIFY), except where a test
-    counts plain runs; captures are forgotten after each test."""
-    with lazy.config.override(capture_verify=True):
-        yield
-    lazy.compile.reset()
 
 
 def mlp():

@@ -17,21 +17,12 @@ import torch.nn as nn
 import lazy
 from lazy import _C
 from lazy.capture.function import state_of
+from lazy.debug.metrics import counter
 
 L = "lazy"
 
-pytestmark = pytest.mark.skipif(not _C.capture_hook_supported(), reason="the frame hook needs CPython 3.11 or 3.12")
-
-
-def counter(name):
-    return lazy.metrics.counter(name)
-
-
-@pytest.fixture(autouse=True)
-def verified_and_forgotten():
-    with lazy.config.override(capture_verify=True):
-        yield
-    lazy.compile.reset()
+pytestmark = [pytest.mark.skipif(not _C.capture_hook_supported(), reason="the frame hook needs CPython 3.11 or 3.12"),
+              pytest.mark.usefixtures("capture_verified")]
 
 
 def _double_sum(x):

@@ -8,20 +8,11 @@ import pytest
 import torch
 
 import lazy
+from lazy.debug.metrics import counter
+
+pytestmark = pytest.mark.usefixtures("capture_verified")
 
 L = "lazy"
-
-
-def counter(name):
-    return lazy.metrics.counter(name)
-
-
-@pytest.fixture(autouse=True)
-def verified_and_forgotten():
-    """Every replay is checked against a plain run of the same call (LAZY_CAPTURE_VERIFY)."""
-    with lazy.config.override(capture_verify=True):
-        yield
-    lazy.compile.reset()
 
 
 class Holder:
