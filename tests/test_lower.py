@@ -1,5 +1,6 @@
 """Lowering to kernel IR, checked against eager CPU through the cpp backend. Checks are batched: each ``check``
 call compiles one graph with many outputs, since every C++ compile costs a fraction of a second."""
+import collections
 import re
 
 import pytest
@@ -581,7 +582,7 @@ def test_a_decomposition_without_runtime_scalars_is_traced_once(monkeypatch):
     import lazy.lower.decompose as D
     traced = []
     inner = D._trace_once
-    monkeypatch.setattr(D, "_MEMO", {})
+    monkeypatch.setattr(D, "_MEMO", collections.OrderedDict())
     monkeypatch.setattr(D, "_trace_once", lambda node, *a, **k: traced.append(str(node.op)) or inner(node, *a, **k))
     x = torch.randn(5, 7)
     check(lambda x: [torch.log_softmax(x, 1)], x)
@@ -589,3 +590,18 @@ def test_a_decomposition_without_runtime_scalars_is_traced_once(monkeypatch):
     traced.clear()
     check(lambda x: [F.leaky_relu(x, 0.3)], x)
     assert traced.count("aten.leaky_relu.default") == 2 + len(D.SPECIAL_VALUES)
+
+
+def test_the_decomposition_memo_keeps_the_latest_traces(monkeypatch):
+    """A process meeting ever new shapes keeps the MEMO_SIZE most recently used traces, not all of them; results
+    stay eager's."""
+    import lazy.lower.decompose as D
+    monkeypatch.setattr(D, "_MEMO", collections.OrderedDict())
+    monkeypatch.setattr(D, "MEMO_SIZE", 3)
+    for n in range(2, 9):
+        check(lambda x: [torch.log_softmax(x, 1)], torch.randn(n, 7))
+        assert len(D._MEMO) <= 3
+    keys = list(D._MEMO)
+    # another graph with a node of the oldest kept shape: its trace is reused and becomes the latest
+    check(lambda x: [torch.log_softmax(x, 1) * 2], torch.randn(keys[0][3][0][0][0], 7))
+    assert list(D._MEMO)[-1] == keys[0]

@@ -10,6 +10,7 @@ decided control flow), the node is not decomposed and runs as an extern call.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import operator
 from typing import Any, Dict, List, Optional
@@ -121,19 +122,28 @@ class Decomposed:
         self.result = result
 
 
-_MEMO: Dict[tuple, Optional[Decomposed]] = {}
+# The traces by op, arguments and input shapes, the most recently used last: a process that meets ever new shapes
+# (a dynamic capture's sizes, a stream of models) keeps the MEMO_SIZE latest, not every trace it ever made.
+MEMO_SIZE = 4096
+_MEMO: "collections.OrderedDict[tuple, Optional[Decomposed]]" = collections.OrderedDict()
 
 
 def decompose(node: Node) -> Optional[Decomposed]:
     if node.op not in table():
         return None
     key = (node.op, node.args, node.kwargs, tuple((i.shape, i.dtype) for i in node.inputs))
-    if key not in _MEMO:
-        try:
-            _MEMO[key] = _trace(node)
-        except Exception:  # noqa: BLE001 -- a decomposition that does not trace runs as an extern call
-            _MEMO[key] = None
-    return _MEMO[key]
+    memo = _MEMO
+    if key in memo:
+        memo.move_to_end(key)
+        return memo[key]
+    try:
+        traced = _trace(node)
+    except Exception:  # noqa: BLE001 -- a decomposition that does not trace runs as an extern call
+        traced = None
+    memo[key] = traced
+    while len(memo) > MEMO_SIZE:
+        memo.popitem(last=False)
+    return traced
 
 
 def _sentinels(node: Node, salt: int) -> List[Any]:
