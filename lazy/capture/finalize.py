@@ -184,24 +184,27 @@ def slot_kinds(node: Node) -> List[str]:
     target = getattr(op, "target", None) or op
     desc = describe(target) if isinstance(target, torch._ops.OpOverload) else None
     kinds: List[str] = []
-
-    def walk(v: Any, kind: int) -> None:
-        if type(v) is _Marker:
-            if v is GENERATOR:
-                kinds.append("seed")
-            elif id(v) in _SCALAR_MARKER_SET:
-                kinds.append("memo" if kind == RUNTIME_MEMO_VALUE else "runtime")
-        elif type(v) is tuple:
-            for x in v:
-                walk(x, kind)
     for i, v in enumerate(node.args):
-        walk(v, desc.kinds[i] if desc is not None and i < len(desc.kinds) else STATIC)
+        _slot_kinds_of(v, desc.kinds[i] if desc is not None and i < len(desc.kinds) else STATIC, kinds)
     for name, v in node.kwargs:
         if name == SEED_KWARG:
             kinds.append("seed")
         else:
-            walk(v, desc.kw_kinds.get(name, STATIC) if desc is not None else STATIC)
+            _slot_kinds_of(v, desc.kw_kinds.get(name, STATIC) if desc is not None else STATIC, kinds)
     return kinds
+
+
+def _slot_kinds_of(v: Any, kind: int, kinds: List[str]) -> None:
+    """Appends the kinds of the runtime scalars in argument ``v`` (a module function: a nested recursive one would
+    be a reference cycle per node, left to the cyclic collector)."""
+    if type(v) is _Marker:
+        if v is GENERATOR:
+            kinds.append("seed")
+        elif id(v) in _SCALAR_MARKER_SET:
+            kinds.append("memo" if kind == RUNTIME_MEMO_VALUE else "runtime")
+    elif type(v) is tuple:
+        for x in v:
+            _slot_kinds_of(x, kind, kinds)
 
 
 def _distinctive(v: Any) -> bool:
