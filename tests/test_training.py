@@ -386,3 +386,42 @@ def test_gpt2_block_with_dropout(cpu_backing):
     no_dropout, _ = _train_gpt2("cpu", 6, dropout=0.0)
     assert ref_losses[-1] < ref_losses[0] and all(math.isfinite(v) for v in ref_losses)
     assert ref_losses != no_dropout  # dropout did act
+
+
+def test_nanogpt_loop_body_under_lazy_compile_replays_as_eager():
+    """nanoGPT's train.py step as a user wraps it in ``@lazy.compile``: a disabled GradScaler (the cpu's), gradient
+    clipping, the learning rate set on the param groups outside the step, zero_grad(set_to_none=True). Captured once,
+    each replay checked against a plain run, losses equal to eager's."""
+    def run(device, compiled):
+        torch.manual_seed(0)
+        model = MODELS["gpt"]().to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+
+        def step(x, y):
+            logits = model(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1), ignore_index=-1)
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach()
+
+        if compiled:
+            step = lazy.compile(step)
+        losses = []
+        for it in range(6):
+            for group in opt.param_groups:
+                group["lr"] = 1e-3 * (it + 1) / 6  # nanoGPT's get_lr, outside the step
+            x, y = batch("gpt", it, "cpu")
+            losses.append(step(x.contiguous().to(device), y.contiguous().to(device)).item())
+        return losses
+
+    want = run(EAGER, False)
+    with lazy.config.override(capture_verify=True):
+        got = run("lazy", True)
+    lazy.compile.reset()
+    assert metrics.counter("capture.replays") >= 4
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-5)
