@@ -234,7 +234,7 @@ def compile_function(name: str, params: str, body: List[str], consts: List[Any])
     source = f"def {name}({params}):\n" + "\n".join("    " + line for line in body or ["pass"])
     scope: Dict[str, Any] = {"K": consts}
     exec(compile(source, f"<lazy.capture {name}>", "exec"), scope)  # noqa: S102 -- source built from E's only
-    fn = scope[name]
+    fn = scope.pop(name)  # its globals need not hold it: no reference cycle, freed with its last user
     fn.__lazy_source__ = source
     return fn
 

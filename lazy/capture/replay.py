@@ -115,6 +115,7 @@ class Entry:
 
     def __init__(self, s: Session, plan: Plan, program: Any, state: tuple, breaks: Callable[[str], None]) -> None:
         self.program = program
+        self._each_term: Optional[Callable[[tuple], list]] = None  # failures(): compiled at the first miss
         self.state = state
         self.hits = 0
         self.shapes: Any = None  # a capture with symbolic sizes: its recording (lazy/capture/dynamic.py)
@@ -154,12 +155,16 @@ class Entry:
 
     def failures(self, A: tuple) -> List[str]:
         """The guards ``A`` fails, each as "kind expression: expected ..., now ..." (for recompile reasons)."""
+        if self._each_term is None:
+            # every guard's answer (or the exception it raised) in one function, compiled at the first miss: a
+            # function per guard was ~1,700 compiles at each miss of a GPT step
+            lines = ["out = []"]
+            for term in self._terms:
+                lines += ["try:", f"    out.append({term})", "except Exception as e:", "    out.append(e)"]
+            self._each_term = compile_function("each_term", "A", lines + ["return out"], self._consts)
+            self._each_term.__globals__.update(_GUARD_HELPERS)
         out = []
-        for (kind, text, expected), term, value in zip(self.guards, self._terms, self._values):
-            fn = compile_function("one", "A", ["try:", f"    return {term}", "except Exception as e:",
-                                               "    return e"], self._consts)
-            fn.__globals__.update(_GUARD_HELPERS)
-            ok = fn(A)
+        for (kind, text, expected), ok, value in zip(self.guards, self._each_term(A), self._values):
             if ok is not True:
                 now = _describe_now(value, A, self._consts) if not isinstance(ok, Exception) else f"raised {ok!r}"
                 out.append(f"{kind} {text}: expected {expected!r}, now {now}")

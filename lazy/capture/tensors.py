@@ -30,23 +30,26 @@ from .session import Effect, HostOp, TorchCall
 
 def _boxes(args: List[Box], kwargs: Dict[str, Box]) -> List[Box]:
     out: List[Box] = []
-
-    def walk(b: Box) -> None:
-        out.append(b)
-        if type(b.m) is New and b.m.kind in ("list", "tuple"):
-            for x in b.m.items:
-                walk(x)
-        elif type(b.m) is New and b.m.kind == "dict":
-            for x in b.m.items.values():
-                walk(x)
-        elif type(b.m) is E and type(b.v) in (list, tuple) and any(is_tensor(x) for x in b.v):
-            for i, x in enumerate(b.v):
-                walk(Box(x, X.item(b.m, i)))
     for b in args:
-        walk(b)
+        _walk_boxes(b, out)
     for b in kwargs.values():
-        walk(b)
+        _walk_boxes(b, out)
     return out
+
+
+def _walk_boxes(b: Box, out: List[Box]) -> None:
+    """Appends ``b`` and the boxes inside it (a module function: a nested recursive one would be a reference cycle
+    holding the call's tensors until the cyclic collector runs)."""
+    out.append(b)
+    if type(b.m) is New and b.m.kind in ("list", "tuple"):
+        for x in b.m.items:
+            _walk_boxes(x, out)
+    elif type(b.m) is New and b.m.kind == "dict":
+        for x in b.m.items.values():
+            _walk_boxes(x, out)
+    elif type(b.m) is E and type(b.v) in (list, tuple) and any(is_tensor(x) for x in b.v):
+        for i, x in enumerate(b.v):
+            _walk_boxes(Box(x, X.item(b.m, i)), out)
 
 
 def operand(p: Any, b: Box) -> Any:

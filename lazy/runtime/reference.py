@@ -70,28 +70,30 @@ def _plan(args: tuple, kwargs: tuple, lists: bool = False) -> Any:
     ``_fill`` runs). ``lists``: a list of tensors and Nones (``index_put``'s indices) is one ``(_LIST, [input
     position or None, ...])`` entry (runtime/cpp_native.py) instead of a reason to give up."""
     counts = [0, 0]
-
-    def entry(v: Any) -> Any:
-        if v is TENSOR:
-            counts[0] += 1
-            return (_INPUT, counts[0] - 1)
-        if type(v) is _Marker:
-            if v is DEVICE or v is GENERATOR:
-                raise LookupError
-            counts[1] += 1
-            return (_SCALAR, counts[1] - 1)
-        if type(v) is tuple:
-            if lists and any(x is TENSOR for x in v) and all(x is TENSOR or x is None for x in v):
-                return (_LIST, [None if x is None else entry(x)[1] for x in v])
-            if any(type(x) is _Marker or type(x) is tuple for x in v):
-                raise LookupError
-            return (_CONST, list(v))
-        return (_CONST, v)
-
     try:
-        return [entry(v) for v in args], [(k,) + entry(v) for k, v in kwargs]
+        return [_plan_entry(v, counts, lists) for v in args], [(k,) + _plan_entry(v, counts, lists) for k, v in kwargs]
     except LookupError:
         return None
+
+
+def _plan_entry(v: Any, counts: list, lists: bool) -> Any:
+    """One argument's plan entry; ``counts``: the tensors and scalars numbered so far (a module function: a nested
+    recursive one is a reference cycle per node, left to the cyclic collector)."""
+    if v is TENSOR:
+        counts[0] += 1
+        return (_INPUT, counts[0] - 1)
+    if type(v) is _Marker:
+        if v is DEVICE or v is GENERATOR:
+            raise LookupError
+        counts[1] += 1
+        return (_SCALAR, counts[1] - 1)
+    if type(v) is tuple:
+        if lists and any(x is TENSOR for x in v) and all(x is TENSOR or x is None for x in v):
+            return (_LIST, [None if x is None else _plan_entry(x, counts, lists)[1] for x in v])
+        if any(type(x) is _Marker or type(x) is tuple for x in v):
+            raise LookupError
+        return (_CONST, list(v))
+    return (_CONST, v)
 
 
 def _direct(fn: Any) -> Any:
