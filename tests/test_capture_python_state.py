@@ -169,3 +169,16 @@ def test_a_defaultdict_the_call_creates_stays_opaque():
     for _ in range(2):
         torch.testing.assert_close(f(x.to(L)).cpu(), x * 3)
     assert counter("capture.replays") == 0 and "runs plainly" in lazy.explain(f)
+
+
+def test_count_and_index_of_a_sequence_from_the_inputs():
+    """list/tuple ``count`` and ``index`` answer as Python does (count was answered by index), guarded by the items
+    they read: other items capture again."""
+    @lazy.compile
+    def f(x, items):
+        return x * items.count(2) + items.index(5)
+
+    x = torch.randn(3)
+    for items in ([1, 2, 2, 5], [1, 2, 2, 5], (2, 2, 2, 5), [5, 2]):
+        torch.testing.assert_close(f(x.to(L), items).cpu(), x * items.count(2) + items.index(5))
+    assert counter("capture.replays") == 1 and counter("capture.captures") == 3

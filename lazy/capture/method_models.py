@@ -129,18 +129,19 @@ def _list_copy(p: Any, recv: Box, args: List[Box], kwargs: Dict[str, Box]) -> Bo
     return p.new(list(recv.v), New("list", items))
 
 
-@method(list, "index", "count")
-@method(tuple, "index", "count")
-def _seq_query(p: Any, recv: Box, args: List[Box], kwargs: Dict[str, Box]) -> Box:
-    p.items(recv)
-    return Box(getattr(recv.v, "index" if False else "count")(p.concrete(args[0]))) if False else \
-        Box(_seq_query_value(p, recv, args))
+def _seq_query(name: str) -> Method:
+    """list/tuple ``index`` and ``count``: answered from the items, each concrete (guarded) as the answer depends on
+    every one of them."""
+    def handler(p: Any, recv: Box, args: List[Box], kwargs: Dict[str, Box]) -> Box:
+        for b in p.items(recv):
+            p.concrete(b)
+        return Box(getattr(recv.v, name)(*[p.concrete(a) for a in args]))
+    return handler
 
 
-def _seq_query_value(p: Any, recv: Box, args: List[Box]) -> Any:
-    for b in p.items(recv):
-        p.concrete(b)
-    return recv.v.index(p.concrete(args[0])) if len(args) == 1 else recv.v.index(*[p.concrete(a) for a in args])
+for _kind in (list, tuple):
+    for _query in ("index", "count"):
+        METHODS[(_kind, _query)] = _seq_query(_query)
 
 
 def _dict_read(p: Any, recv: Box, key: Box) -> Tuple[bool, Optional[Box]]:
