@@ -70,11 +70,6 @@ def _bool(p: Any, args: List[Box], kwargs: Dict[str, Box]) -> Box:
     return Box(p.truth(args[0])) if args else Box(False)
 
 
-@lookaside(min, max)
-def _min_max(p: Any, args: List[Box], kwargs: Dict[str, Box]) -> Box:
-    return _pure_native(p, Box(min), args, kwargs)  # replaced below with the right function
-
-
 def _extremum(fn: Callable[..., Any]) -> Lookaside:
     def handler(p: Any, args: List[Box], kwargs: Dict[str, Box]) -> Box:
         items = p.items(args[0]) if len(args) == 1 else list(args)
@@ -88,8 +83,8 @@ def _extremum(fn: Callable[..., Any]) -> Lookaside:
     return handler
 
 
-LOOKASIDES[id(min)] = _extremum(min)
-LOOKASIDES[id(max)] = _extremum(max)
+for _fn in (min, max):
+    LOOKASIDES[id(_fn)] = _extremum(_fn)
 
 
 @lookaside(sum)
@@ -185,7 +180,7 @@ def _hasattr(p: Any, args: List[Box], kwargs: Dict[str, Box]) -> Box:
     obj, name = args[0], p.concrete(args[1])
     result = hasattr(obj.v, name)
     if type(obj.m) is E:
-        p.s.guard("hasattr", X.attr(obj.m, "__class__") if False else obj.m, (name, result))
+        p.s.guard("hasattr", obj.m, (name, result))
     return Box(result)
 
 
@@ -318,11 +313,6 @@ def _sorted(p: Any, args: List[Box], kwargs: Dict[str, Box]) -> Box:
     order = sorted(range(len(items)), key=lambda i: items[i].v, reverse=bool(kwargs.get("reverse", Box(False)).v))
     picked = [items[i] for i in order]
     return p.new([b.v for b in picked], New("list", picked))
-
-
-@lookaside(any, all)
-def _any_all(p: Any, args: List[Box], kwargs: Dict[str, Box]) -> Box:
-    raise AssertionError("replaced below")
 
 
 def _any_all_handler(want: bool) -> Lookaside:

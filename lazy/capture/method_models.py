@@ -181,11 +181,6 @@ def _dict_contains(p: Any, recv: Box, args: List[Box], kwargs: Dict[str, Box]) -
     return Box(_dict_read(p, recv, args[0])[0])
 
 
-@method(dict, "keys", "values", "items")
-def _dict_view(p: Any, recv: Box, args: List[Box], kwargs: Dict[str, Box]) -> Box:
-    raise AssertionError("replaced below")
-
-
 def _dict_view_handler(which: str) -> Method:
     def handler(p: Any, recv: Box, args: List[Box], kwargs: Dict[str, Box]) -> Box:
         pairs = mapping_items(p, recv) if type(recv.m) in (New, E) else [(k, Box(v)) for k, v in recv.v.items()]
@@ -203,11 +198,6 @@ def _dict_view_handler(which: str) -> Method:
 
 for _which in ("keys", "values", "items"):
     METHODS[(dict, _which)] = _dict_view_handler(_which)
-
-
-@method(dict, "setdefault", "update", "pop", "popitem", "clear", "__setitem__", "__delitem__")
-def _dict_mutation(p: Any, recv: Box, args: List[Box], kwargs: Dict[str, Box]) -> Box:
-    raise AssertionError("replaced below")
 
 
 def _dict_mutation_handler(name: str) -> Method:
