@@ -182,3 +182,27 @@ def test_count_and_index_of_a_sequence_from_the_inputs():
     for items in ([1, 2, 2, 5], [1, 2, 2, 5], (2, 2, 2, 5), [5, 2]):
         torch.testing.assert_close(f(x.to(L), items).cpu(), x * items.count(2) + items.index(5))
     assert counter("capture.replays") == 1 and counter("capture.captures") == 3
+
+
+def test_a_set_the_call_builds_iterates_in_its_own_order():
+    """A set the call builds and changes (add, discard) iterates as Python iterates it: in hash order, without the
+    discarded elements, each element once."""
+    @lazy.compile
+    def f(x, a, b, c):
+        s = set([a, b])
+        s.add(c)
+        s.add(a)
+        s.discard(b)
+        return [x * v for v in s]
+
+    x = torch.randn(2)
+    for _ in range(3):
+        s = {30, 1}
+        s.add(2)
+        s.add(30)
+        s.discard(1)
+        got = f(x.to(L), 30, 1, 2)
+        assert len(got) == len(s)
+        for g, v in zip(got, s):
+            torch.testing.assert_close(g.cpu(), x * v)
+    assert counter("capture.replays") == 2

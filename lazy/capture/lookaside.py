@@ -318,8 +318,11 @@ def iterate(p: Any, obj: Box) -> Box:
         return Box(None, BoxIter(_index_boxes(m.items)))
     if type(m) is New and m.kind == "dict":
         return Box(None, BoxIter(iter([Box(k) for k in list(m.items)])))
-    if type(m) is New and m.kind == "set":
-        return Box(None, BoxIter(iter(list(m.items))))
+    if type(m) is New and m.kind == "set":  # in the set's own (hash) order, each element as the box added
+        boxes: Dict[int, Box] = {}
+        for b in m.items:
+            boxes.setdefault(id(b.v), b)
+        return Box(None, BoxIter(iter([boxes.get(id(x)) or Box(x) for x in v])))
     if type(m) is E and type(v) in (list, tuple) or type(m) is E and isinstance(v, (list, tuple)) and \
             type(type(v).__iter__) is not types.FunctionType:
         p.need(obj, "type")

@@ -244,14 +244,6 @@ def _dict_copy(p: Any, recv: Box, args: List[Box], kwargs: Dict[str, Box]) -> Bo
     return p.new(dict(recv.v), New("dict", shadow))
 
 
-@method(str, "format", "join", "startswith", "endswith", "split", "replace", "lower", "upper", "strip")
-def _str_method(p: Any, recv: Box, args: List[Box], kwargs: Dict[str, Box]) -> Box:
-    raise AssertionError("str methods go through call_method's constant path")
-
-
-for _key in [k for k in METHODS if k[0] is str]:
-    del METHODS[_key]
-
 # collections.OrderedDict and defaultdict are dicts: their methods above apply through the MRO.
 _ = (collections, builtins)
 
