@@ -206,3 +206,25 @@ def test_a_set_the_call_builds_iterates_in_its_own_order():
         for g, v in zip(got, s):
             torch.testing.assert_close(g.cpu(), x * v)
     assert counter("capture.replays") == 2
+
+
+class Order:
+    descending = False
+
+
+def test_sorted_reads_its_reverse_flag_as_state():
+    """``sorted(..., reverse=obj.flag)``: the flag is guarded, so flipping it captures again rather than replaying
+    the old order."""
+    order = Order()
+
+    @lazy.compile
+    def f(x, a, b):
+        return [x * v for v in sorted([a, b], reverse=order.descending)]
+
+    x = torch.randn(2)
+    for descending in (False, False, True):
+        order.descending = descending
+        got = f(x.to(L), 3.0, 1.0)
+        for g, v in zip(got, sorted([3.0, 1.0], reverse=descending)):
+            torch.testing.assert_close(g.cpu(), x * v)
+    assert counter("capture.captures") == 2 and counter("capture.replays") == 1

@@ -310,7 +310,8 @@ def _sorted(p: Any, args: List[Box], kwargs: Dict[str, Box]) -> Box:
     items = p.items(args[0])
     for b in items:
         p.concrete(b)
-    order = sorted(range(len(items)), key=lambda i: items[i].v, reverse=bool(kwargs.get("reverse", Box(False)).v))
+    reverse = bool(p.concrete(kwargs["reverse"])) if "reverse" in kwargs else False  # guarded where read from state
+    order = sorted(range(len(items)), key=lambda i: items[i].v, reverse=reverse)
     picked = [items[i] for i in order]
     return p.new([b.v for b in picked], New("list", picked))
 
