@@ -42,7 +42,6 @@ from .dynamic import Shapes, concrete_result, symbolic_arguments
 from .expr import Unsized
 from .finalize import finalize
 from .interpreter import Box, Interpreter, user_traceback
-from .method_models import unbalanced_context_vars
 from .policy import CapturePolicy
 from .python_guards import global_state
 from .replay import Entry, Miss, Pending
@@ -254,7 +253,7 @@ class CompiledFunction:
             CaptureHooks.current = None
         if global_state() != state:
             policy.breaks("leaves the global state (grad mode, autocast, default dtype) changed")
-        for name in unbalanced_context_vars(s):
+        for name in s.unbalanced_context_vars():
             policy.breaks(f"leaves the ContextVar {name!r} set (Note [Context variables in a capture])")
         plan = None
         if s.broken is None:

@@ -80,7 +80,7 @@ for _name in ("append", "extend", "insert", "pop", "clear", "reverse", "remove")
 # (it is the call) and keeps a shadow of its value: a ``get`` after a ``set`` returns the box that was set (an
 # object the call made, or one it read), a ``get`` before any set reads the entry state, guarded as any read is (by
 # ``var.get(default)``). A replay sets nothing, so a call that returns with a variable set to anything but what it
-# found breaks (function.py checks it after the call).
+# found breaks (function.py checks it after the call: Session.unbalanced_context_vars).
 
 
 @method(contextvars.ContextVar, "set")
@@ -117,12 +117,6 @@ def _context_get(p: Any, recv: Box, args: List[Box], kwargs: Dict[str, Box]) -> 
     return p.read(value, X.method(recv.m, "get", defaults, ()))
 
 
-def unbalanced_context_vars(s: Any) -> List[str]:
-    """The names of the ContextVars the call left set to other than what it found (Note [Context variables in a
-    capture])."""
-    return [var.name for var, value in s.context_vars.values() if value is not ENTRY_VALUE]
-
-
 @method(list, "copy")
 def _list_copy(p: Any, recv: Box, args: List[Box], kwargs: Dict[str, Box]) -> Box:
     items = p.items(recv)
@@ -154,8 +148,7 @@ def _dict_read(p: Any, recv: Box, key: Box) -> Tuple[bool, Optional[Box]]:
     if type(m) is E:
         p.need(recv, "type")
         kexpr = p.key_of(key)
-        where = p.written_item(recv, key, kexpr)
-        written = p.s.written.get(where) if where is not None else None
+        written = p.stored_item(recv, key, kexpr)
         if written is not None:
             return True, written
         p.s.guard("eq", E("cmp", "in", kexpr, m), present)

@@ -274,6 +274,11 @@ class CapturePolicy(Policy):
             return None
         return (id(v), ("item", kexpr))
 
+    def stored_item(self, obj: Box, key: Box, kexpr: Any) -> Optional[Box]:
+        """The box the call stored into item ``key`` of ``obj`` (read from state), if it did (``written_item``)."""
+        where = self.written_item(obj, key, kexpr)
+        return self.s.written.get(where) if where is not None else None
+
     def getitem(self, obj: Box, key: Box) -> Box:
         v, m = obj.v, obj.m
         if is_tensor(v):
@@ -295,14 +300,12 @@ class CapturePolicy(Policy):
             kexpr = self.key_of(key)
             if isinstance(key.v, slice) and isinstance(v, (list, tuple)):
                 self.need(obj, "len")
-                written = self.s.written
                 items = []
                 for i in range(len(v))[key.v]:  # each item as its own read would give it
-                    stored = written.get((id(v), ("item", i)))
+                    stored = self.stored_item(obj, key, i)
                     items.append(stored if stored is not None else self.read(v[i], X.item(m, i)))
                 return self.new(v[key.v], New("list" if isinstance(v, list) else "tuple", items))
-            where = self.written_item(obj, key, kexpr)
-            written = self.s.written.get(where) if where is not None else None
+            written = self.stored_item(obj, key, kexpr)
             if written is not None:
                 return written
             if type(v) is __import__("collections").defaultdict and key.v not in v:

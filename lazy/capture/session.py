@@ -122,6 +122,11 @@ class Session:
         if self.broken is None:
             self.broken = Break(reason, where, transient)
 
+    def unbalanced_context_vars(self) -> List[str]:
+        """The names of the ContextVars the call left set to other than what it found (Note [Context variables in
+        a capture] in lazy/capture/method_models.py)."""
+        return [var.name for var, value in self.context_vars.values() if value is not ENTRY_VALUE]
+
 
 ENTRY_VALUE = object()  # a ContextVar holding the value the call found (Note [Context variables in a capture])
 
