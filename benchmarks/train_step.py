@@ -85,10 +85,11 @@ class HFGPT2(torch.nn.Module):
 LARGE = {"gpt6x384": lambda: TinyGPT(vocab=65, d=384, heads=6, layers=6, block=256),
          "encoder6x384": LargeEncoder}
 CLIENTS = {"hf-gpt2": HFGPT2}
+ALL_MODELS = {**MODELS, **LARGE, **CLIENTS}
 
 
 def make_model(kind: str) -> torch.nn.Module:
-    return LARGE[kind]() if kind in LARGE else CLIENTS[kind]() if kind in CLIENTS else MODELS[kind]()
+    return ALL_MODELS[kind]()
 
 
 def make_batch(kind: str, step: int, size: int) -> tuple:
@@ -360,7 +361,7 @@ def merge_rounds(old: dict | None, new: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS),
-                        help=f"comma-separated, from {','.join([*MODELS, *LARGE, *CLIENTS])} (gpt6x384, "
+                        help=f"comma-separated, from {','.join(ALL_MODELS)} (gpt6x384, "
                              "encoder6x384: for a GPU; hf-gpt2: transformers' GPT-2)")
     parser.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, from {','.join(BACKENDS)}")
     parser.add_argument("--size", type=int, default=32, help="batch size")
@@ -379,8 +380,8 @@ def main() -> None:
     args.models = args.models.split(",")
     args.backends = args.backends.split(",")
     for name in args.models:
-        if name not in MODELS and name not in LARGE and name not in CLIENTS:
-            parser.error(f"unknown model {name!r}; choose from {', '.join([*MODELS, *LARGE, *CLIENTS])}")
+        if name not in ALL_MODELS:
+            parser.error(f"unknown model {name!r}; choose from {', '.join(ALL_MODELS)}")
     for name in args.backends:
         if name not in BACKENDS:
             parser.error(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")

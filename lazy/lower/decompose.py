@@ -5,8 +5,8 @@ A node is decomposed by tracing its decomposition with ``make_fx`` on meta tenso
 argument templates, input shapes and dtypes). Runtime scalars (Note [Argument templates]) must stay runtime
 inputs of the decomposed graph, not constants baked into it: the trace is run twice with two different sets of
 sentinel values for the scalar slots (once where the node has none), and an FX argument that equals slot k's
-sentinel in both traces, at the same place, becomes ``ScalarRef(k)``. If the two traces differ anywhere else (a scalar was transformed, or
-decided control flow), the node is not decomposed and runs as an extern call.
+sentinel in both traces, at the same place, becomes ``ScalarRef(k)``. If the two traces differ anywhere else (a
+scalar was transformed, or decided control flow), the node is not decomposed and runs as an extern call.
 """
 from __future__ import annotations
 
